@@ -1,0 +1,199 @@
+"""Where the engines are: static URLs, the operator's endpoints file, DNS; and their health."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .config import ConfigError, RouterConfig, normalize_url
+from .endpoints import Endpoint, Role
+from .upstream import Upstream, block_size_from_metrics
+
+log = logging.getLogger("pdx_router.discovery")
+
+ENDPOINTS_FILE_POLL_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Found:
+    role: Role
+    url: str
+    generation: str
+    name: str = ""
+
+
+class Pool:
+    """The current endpoint set, merged from several sources.
+
+    Endpoint objects survive refreshes (keyed by role+URL) so health and outstanding counts
+    are not reset each time DNS or the file is re-read.
+    """
+
+    def __init__(self) -> None:
+        self._by_source: dict[str, list[Found]] = {}
+        self._live: dict[tuple[str, str], Endpoint] = {}
+        self.endpoints: list[Endpoint] = []
+
+    def update(self, source: str, found: Iterable[Found]) -> list[Endpoint]:
+        """Replace one source's endpoints; returns the endpoints that are new."""
+        self._by_source[source] = list(found)
+        wanted: dict[tuple[str, str], Found] = {}
+        for items in self._by_source.values():
+            for f in items:
+                wanted.setdefault((f.role, f.url), f)
+        new: list[Endpoint] = []
+        live: dict[tuple[str, str], Endpoint] = {}
+        for key, f in wanted.items():
+            ep = self._live.get(key)
+            if ep is None:
+                ep = Endpoint(url=f.url, role=f.role, generation=f.generation, name=f.name)
+                new.append(ep)
+            else:
+                ep.generation, ep.name = f.generation, f.name or ep.name
+            live[key] = ep
+        self._live = live
+        self.endpoints = list(live.values())
+        return new
+
+
+def static_endpoints(cfg: RouterConfig) -> list[Found]:
+    return [Found("prefill", u, cfg.generation) for u in cfg.prefill] + [
+        Found("decode", u, cfg.generation) for u in cfg.decode
+    ]
+
+
+def read_endpoints_file(path: str, default_generation: str) -> list[Found]:
+    """Parse the operator's endpoints file; raises ConfigError with the offending item."""
+    with open(path) as fh:
+        raw = json.load(fh)
+    items = raw.get("endpoints") if isinstance(raw, dict) else None
+    if not isinstance(items, list):
+        raise ConfigError(f"{path}: expected {{'endpoints': [...]}}")
+    out: list[Found] = []
+    for i, item in enumerate(items):
+        role = item.get("role") if isinstance(item, dict) else None
+        if role not in ("prefill", "decode"):
+            raise ConfigError(f"{path}: endpoints[{i}].role must be 'prefill' or 'decode'")
+        url = normalize_url(item.get("url"), f"{path}: endpoints[{i}].url")
+        gen = item.get("generation") or default_generation
+        out.append(Found(role, url, str(gen), str(item.get("name") or "")))
+    return out
+
+
+def url_for(ip: str, port: int) -> str:
+    """Base URL for an address; IPv6 literals need brackets."""
+    host = f"[{ip}]" if ipaddress.ip_address(ip).version == 6 else ip
+    return f"http://{host}:{port}"
+
+
+async def resolve(name: str, port: int) -> list[str]:
+    """A/AAAA records of a headless Service, as base URLs (sorted: stable order)."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+    return sorted({url_for(str(info[4][0]).split("%")[0], port) for info in infos})
+
+
+class Discovery:
+    """Runs the configured sources and the health checker in the background."""
+
+    def __init__(self, cfg: RouterConfig, pool: Pool, upstream: Upstream) -> None:
+        self.cfg = cfg
+        self.pool = pool
+        self.upstream = upstream
+        self._tasks: list[asyncio.Task[None]] = []
+        self._file_mtime: float | None = None
+
+    async def start(self) -> None:
+        """Load every source once and health-check before serving, so /ready is truthful."""
+        self.pool.update("static", static_endpoints(self.cfg))
+        if self.cfg.endpoints_file:
+            self._poll_file()
+            self._tasks.append(asyncio.create_task(self._file_loop()))
+        if self.cfg.dns:
+            await self._resolve_dns()
+            self._tasks.append(asyncio.create_task(self._dns_loop()))
+        await self.check_all()
+        self._tasks.append(asyncio.create_task(self._health_loop()))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+
+    def _poll_file(self) -> None:
+        path = self.cfg.endpoints_file
+        assert path is not None
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            return  # the operator may not have written it yet
+        if mtime == self._file_mtime:
+            return
+        try:
+            found = read_endpoints_file(path, self.cfg.generation)
+        except (OSError, ValueError) as exc:
+            log.warning("endpoints file %s ignored: %s", path, exc)
+            return
+        self._file_mtime = mtime
+        for ep in self.pool.update("file", found):
+            asyncio.get_running_loop().create_task(self.check(ep))
+
+    async def _file_loop(self) -> None:
+        while True:
+            await asyncio.sleep(ENDPOINTS_FILE_POLL_SECONDS)
+            self._poll_file()
+
+    async def _resolve_dns(self) -> None:
+        dns = self.cfg.dns
+        assert dns is not None
+        found: list[Found] = []
+        for role, name in (("prefill", dns.prefill), ("decode", dns.decode)):
+            try:
+                urls = await resolve(name, dns.port)
+            except OSError as exc:
+                log.warning("DNS %s for %s failed: %s", name, role, exc)
+                continue
+            found += [Found(role, u, self.cfg.generation) for u in urls]  # type: ignore[arg-type]
+        for ep in self.pool.update("dns", found):
+            await self.check(ep)
+
+    async def _dns_loop(self) -> None:
+        assert self.cfg.dns is not None
+        while True:
+            await asyncio.sleep(self.cfg.dns.refresh_seconds)
+            await self._resolve_dns()
+
+    async def check(self, ep: Endpoint) -> None:
+        """GET /health; decode's block size comes from its /metrics (needed to cut blocks)."""
+        timeout = min(5.0, self.cfg.health_check_interval_seconds)
+        try:
+            status, _ = await self.upstream.get(ep.url + "/health", timeout)
+            healthy = status == 200
+        except Exception:  # any failure to answer means not healthy
+            healthy = False
+        if healthy != ep.healthy:
+            log.info("%s %s is now %s", ep.role, ep.url, "healthy" if healthy else "unhealthy")
+        ep.healthy = healthy
+        if healthy and ep.role == "decode" and ep.block_size is None:
+            with contextlib.suppress(Exception):
+                status, text = await self.upstream.get(ep.url + "/metrics", timeout)
+                if status == 200:
+                    ep.block_size = block_size_from_metrics(text)
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(ep) for ep in self.pool.endpoints))
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.health_check_interval_seconds)
+            await self.check_all()

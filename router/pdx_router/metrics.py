@@ -1,0 +1,101 @@
+"""Prometheus metrics and the JSON summary the operator reads from /v1/pdx/stats."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from .policy import STATS_OUTCOMES, Outcome
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_GAP_BUCKETS = (1, 5, 10, 30, 60, 120, 240, 300, 450, 480, 600, 1200, 3600)
+
+
+class Metrics:
+    """One registry per router instance, so tests can run several side by side."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(
+            "pdx_router_ttft_seconds",
+            "Time to first token seen by the client.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prefill = Histogram(
+            "pdx_router_prefill_seconds",
+            "Duration of the prefill hop.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.reuse = Counter(
+            "pdx_router_reuse",
+            "Reuse outcome per turn of a conversation.",
+            ["outcome"],
+            registry=r,
+        )
+        self.reused_tokens = Counter(
+            "pdx_router_reused_tokens",
+            "Tokens prefill was allowed to read from decode.",
+            registry=r,
+        )
+        self.entries = Gauge("pdx_router_entries", "Conversation entries held by the store.", registry=r)
+        self.gap = Histogram(
+            "pdx_router_inter_turn_gap_seconds",
+            "Time between the end of a turn and the next turn of the same conversation.",
+            buckets=_GAP_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "pdx_router_requests",
+            "Requests by route and status.",
+            ["route", "status"],
+            registry=r,
+        )
+        self.upstream_errors = Counter("pdx_router_upstream_errors", "Engine errors by role.", ["role"], registry=r)
+        for o in STATS_OUTCOMES:
+            self.reuse.labels(o.value)
+        self._counts = {o.value: 0 for o in STATS_OUTCOMES}
+        self._reused = 0
+        self._gaps: deque[float] = deque(maxlen=10_000)
+        self._gap_count = 0
+        self._gap_max = 0.0
+
+    def outcome(self, outcome: Outcome, tokens: int = 0) -> None:
+        if outcome is Outcome.NONE:
+            return
+        self._counts[outcome.value] += 1
+        self.reuse.labels(outcome.value).inc()
+        if tokens:
+            self._reused += tokens
+            self.reused_tokens.inc(tokens)
+
+    def inter_turn_gap(self, seconds: float) -> None:
+        seconds = max(0.0, seconds)
+        self.gap.observe(seconds)
+        self._gaps.append(seconds)
+        self._gap_count += 1
+        self._gap_max = max(self._gap_max, seconds)
+
+    def stats(self, entries: int) -> dict[str, object]:
+        gaps = sorted(self._gaps)
+        return {
+            "reuse": dict(self._counts),
+            "reusedTokens": self._reused,
+            "entries": entries,
+            "interTurnGapSeconds": {
+                "count": self._gap_count,
+                "p50": _quantile(gaps, 0.5),
+                "p95": _quantile(gaps, 0.95),
+                "max": self._gap_max,
+            },
+        }
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    idx = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[idx]

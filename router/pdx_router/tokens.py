@@ -1,0 +1,43 @@
+"""Token-id helpers: the prefix check that makes reuse correct."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token-id sequences."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    # Compare in chunks first: long histories are mostly identical, and slice equality
+    # runs in C, so this is much faster than a Python loop over every token.
+    step = 256
+    i = 0
+    while i + step <= n and a[i : i + step] == b[i : i + step]:
+        i += step
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Number of KV blocks that hold num_tokens tokens."""
+    return -(-num_tokens // block_size)
+
+
+_CANDIDATE_BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+def infer_block_size(num_tokens: int, num_blocks: int) -> int | None:
+    """Guess the engine's block size from a stored entry, or None if ambiguous.
+
+    Only used when the decode's /metrics did not tell us; an ambiguous guess would point
+    prefill at the wrong blocks, so ambiguity means 'do not cut'.
+    """
+    fits = [
+        bs
+        for bs in _CANDIDATE_BLOCK_SIZES
+        if blocks_for(num_tokens, bs) <= num_blocks <= blocks_for(num_tokens + 1, bs)
+    ]
+    return fits[0] if len(fits) == 1 else None
