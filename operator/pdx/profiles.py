@@ -1,0 +1,77 @@
+"""Instance-type profiles: what a node of a kind offers, so the spec can stay short.
+
+A profile fills node selector, GPU and EFA counts, hugepages, /dev/shm and the libfabric
+environment; every value can still be overridden in `spec.placement`. The CRD's CEL rules
+embed this same table (see `pdx.rules`), so the API server and the models agree on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class InstanceProfile:
+    """What one node of an instance type offers to one engine pod."""
+
+    gpus: int
+    efa_devices: int
+    hugepages_2mi: str | None = None
+    shm_size: str = "16Gi"
+    gpu_taint: bool = True
+    memory_gi: int | None = None  # per node; an engine pod asks its GPU share of it
+    cpus: int | None = None  # per node, likewise
+    fi_env: dict[str, str] = field(default_factory=dict)
+
+
+# Environment libfabric needs to use EFA with GPU memory (NIXL's LIBFABRIC backend).
+EFA_ENV: dict[str, str] = {
+    "FI_PROVIDER": "efa",
+    "FI_EFA_USE_DEVICE_RDMA": "1",
+    "FI_EFA_FORK_SAFE": "1",
+    "FI_HMEM_DISABLE_P2P": "0",
+    "NIXL_LOG_LEVEL": "INFO",
+}
+
+PROFILES: dict[str, InstanceProfile] = {
+    "p5en.48xlarge": InstanceProfile(
+        memory_gi=1900,
+        cpus=180,
+        gpus=8,
+        efa_devices=16,
+        hugepages_2mi="5128Mi",
+        shm_size="64Gi",
+        fi_env=EFA_ENV,
+    ),
+    "p5.48xlarge": InstanceProfile(
+        memory_gi=1900,
+        cpus=180,
+        gpus=8,
+        efa_devices=32,
+        hugepages_2mi="5128Mi",
+        shm_size="64Gi",
+        fi_env=EFA_ENV,
+    ),
+    "p5e.48xlarge": InstanceProfile(
+        memory_gi=1900,
+        cpus=180,
+        gpus=8,
+        efa_devices=32,
+        hugepages_2mi="5128Mi",
+        shm_size="64Gi",
+        fi_env=EFA_ENV,
+    ),
+    "p4d.24xlarge": InstanceProfile(
+        memory_gi=1100,
+        cpus=90,
+        gpus=8,
+        efa_devices=4,
+        hugepages_2mi="5128Mi",
+        shm_size="32Gi",
+        fi_env=EFA_ENV,
+    ),
+    # No accelerator and no EFA: the local CPU runtime and CPU-only test clusters.
+    "cpu": InstanceProfile(gpus=0, efa_devices=0, shm_size="1Gi", gpu_taint=False),
+}
+
+DEFAULT_INSTANCE_TYPE = "p5en.48xlarge"

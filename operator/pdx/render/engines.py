@@ -1,0 +1,254 @@
+"""Prefill and decode engines: `vllm serve` arguments, kv-transfer-config, pods, StatefulSets.
+
+Everything an engine needs is decided here once; the operator applies it and the local
+runtime runs the same container command and environment as processes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from pdx.render import meta
+from pdx.render.meta import HTTP_PORT, Role
+from pdx.resource import Target
+
+# The serving image's entrypoint: optional EFA check, then exec its arguments.
+ENGINE_ENTRYPOINT = "/usr/local/bin/pdx-engine-entrypoint"
+# Kubernetes expands $(VAR) in args from the container's env; the local runtime does the same.
+PORT_ENV = "PDX_HTTP_PORT"
+KV_ROLE: dict[Role, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+def kv_transfer_config(target: Target, role: Role) -> dict[str, Any]:
+    """The NixlConnector config; equal on both roles but for kv_role and engine_id."""
+    kv = target.spec.kv_transfer
+    return {
+        "kv_connector": "NixlConnector",
+        "kv_role": KV_ROLE[role],
+        "kv_buffer_device": target.spec.kv_buffer_device,
+        # Unique per pod incarnation: prefill caches NIXL handshakes by engine id, so a
+        # restarted decode must not reuse its predecessor's.
+        "engine_id": "$(POD_NAME)-$(POD_UID)",
+        "kv_load_failure_policy": kv.load_failure_policy,
+        "kv_connector_extra_config": {
+            "backends": target.spec.backends,
+            "bidirectional_kv_xfer": kv.bidirectional,
+            "decoder_kv_blocks_ttl": kv.decoder_kv_blocks_ttl_seconds,
+            "kv_recompute_threshold": kv.kv_recompute_threshold,
+        },
+    }
+
+
+def serve_args(target: Target, role: Role) -> list[str]:
+    """Arguments after `vllm serve` (the model first)."""
+    spec, model = target.spec, target.spec.model
+    args = [
+        model.name,
+        "--served-model-name", model.served_name,
+        "--host", "0.0.0.0",
+        "--port", f"$({PORT_ENV})",
+        "--tensor-parallel-size", str(spec.role(role).tensor_parallel_size),
+        "--dtype", model.dtype,
+    ]  # fmt: skip
+    if model.revision:
+        args += ["--revision", model.revision]
+    if model.max_model_len:
+        args += ["--max-model-len", str(model.max_model_len)]
+    if model.max_num_seqs:
+        args += ["--max-num-seqs", str(model.max_num_seqs)]
+    if model.load_format:
+        args += ["--load-format", model.load_format]
+    args.append("--enable-prefix-caching" if spec.prefix_caching(role) else "--no-enable-prefix-caching")
+    args += [
+        "--kv-transfer-config",
+        json.dumps(kv_transfer_config(target, role), separators=(",", ":")),
+    ]
+    return args + list(model.extra_args) + list(spec.role(role).extra_args)
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def engine_env(target: Target, role: Role) -> list[dict[str, Any]]:
+    spec = target.spec
+    env: list[dict[str, Any]] = [
+        _field_env("POD_NAME", "metadata.name"),
+        _field_env("POD_UID", "metadata.uid"),
+        _field_env("POD_IP", "status.podIP"),
+        {"name": PORT_ENV, "value": str(HTTP_PORT)},
+        # What the engine advertises as remote_host: must be the pod IP, not localhost.
+        {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "$(POD_IP)"},
+        {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(spec.kv_transfer.side_channel_port)},
+        {"name": "HF_HOME", "value": spec.model_cache.hf_home_path},
+    ]
+    if spec.hf_token_secret:
+        ref = {"name": spec.hf_token_secret.name, "key": spec.hf_token_secret.key}
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+    extra: dict[str, str] = {}
+    if spec.uses_efa:
+        extra.update(spec.placement.profile.fi_env)
+        extra.update(spec.placement.fi_env)
+        if spec.placement.efa_check is not False:
+            extra["PDX_REQUIRE_EFA"] = "1"
+    extra.update(spec.role(role).env)
+    env += [{"name": k, "value": v} for k, v in sorted(extra.items())]
+    return env
+
+
+def engine_resources(target: Target, role: Role) -> dict[str, Any]:
+    spec = target.spec
+    res = spec.role(role).resources
+    limits: dict[str, str] = {}
+    requests: dict[str, str] = {}
+    gpus, efa, node_gpus = spec.gpus(role), spec.efa_devices(role), spec.placement.gpus
+    if gpus:
+        limits["nvidia.com/gpu"] = str(gpus)
+    if efa:
+        limits["vpc.amazonaws.com/efa"] = str(efa)
+    hugepages = spec.placement.hugepages2_mi or spec.placement.profile.hugepages_2mi
+    if hugepages and spec.uses_efa:
+        limits["hugepages-2Mi"] = hugepages
+    profile = spec.placement.profile
+    share = gpus / node_gpus if node_gpus and gpus else None
+    memory = res.memory or (f"{math.floor(profile.memory_gi * share)}Gi" if profile.memory_gi and share else None)
+    cpu = res.cpu or (str(math.floor(profile.cpus * share)) if profile.cpus and share else None)
+    if memory:
+        requests["memory"] = limits["memory"] = memory
+    if cpu:
+        requests["cpu"] = cpu
+        if res.limit_cpu:
+            limits["cpu"] = cpu
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": 5,
+    }
+
+
+def engine_container(target: Target, role: Role) -> dict[str, Any]:
+    spec = target.spec
+    probes = spec.role(role).probes
+    security: dict[str, Any] = {"allowPrivilegeEscalation": spec.placement.privileged}
+    if spec.placement.privileged:
+        security["privileged"] = True
+    elif spec.uses_efa:
+        # EFA registers pinned memory: locked-memory limits must be liftable.
+        security["capabilities"] = {"add": ["IPC_LOCK", "SYS_RESOURCE"]}
+    return {
+        "name": "vllm",
+        "image": spec.image.ref,
+        "imagePullPolicy": spec.image.pull_policy,
+        "command": [ENGINE_ENTRYPOINT],
+        "args": ["vllm", "serve", *serve_args(target, role)],
+        "env": engine_env(target, role),
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {
+                "name": "nixl",
+                "containerPort": spec.kv_transfer.side_channel_port,
+                "protocol": "TCP",
+            },
+        ],
+        "resources": engine_resources(target, role),
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "model-cache", "mountPath": spec.model_cache.mount_path},
+        ],
+        "startupProbe": _probe("/health", 10, math.ceil(probes.startup_timeout_seconds / 10)),
+        "readinessProbe": _probe("/health", probes.period_seconds, probes.failure_threshold),
+        "livenessProbe": _probe("/health", probes.period_seconds, probes.failure_threshold),
+        "securityContext": security,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def engine_pod_spec(target: Target, role: Role) -> dict[str, Any]:
+    spec = target.spec
+    place, role_spec = spec.placement, spec.role(role)
+    node_selector = {} if place.instance_type == "cpu" else {"node.kubernetes.io/instance-type": place.instance_type}
+    node_selector.update(role_spec.node_selector)
+    tolerations = list(role_spec.tolerations)
+    taint = place.gpu_taint_toleration if place.gpu_taint_toleration is not None else place.profile.gpu_taint
+    if taint and spec.gpus(role):
+        tolerations.insert(0, {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
+    cache: dict[str, Any] = (
+        {"persistentVolumeClaim": {"claimName": spec.model_cache.claim_name}}
+        if spec.model_cache.claim_name
+        else {"emptyDir": {}}
+    )
+    shm = role_spec.shm_size or place.profile.shm_size
+    pod: dict[str, Any] = {
+        # Service links would inject e.g. VLLM_PORT for a Service named `vllm`, which vLLM reads.
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 60,
+        "containers": [engine_container(target, role)],
+        "volumes": [
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+            {"name": "model-cache", **cache},
+        ],
+    }
+    if node_selector:
+        pod["nodeSelector"] = node_selector
+    if tolerations:
+        pod["tolerations"] = tolerations
+    if role_spec.affinity:
+        pod["affinity"] = role_spec.affinity
+    if spec.image.pull_secrets:
+        pod["imagePullSecrets"] = [{"name": s} for s in spec.image.pull_secrets]
+    return pod
+
+
+def engine_statefulset(target: Target, role: Role, config_hash: str) -> dict[str, Any]:
+    name = meta.engine_name(target, role)
+    pod_labels = {**meta.labels(target, role), meta.LABEL_CONFIG_HASH: config_hash}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": meta.metadata(target, name, role, annotations={meta.LABEL_CONFIG_HASH: config_hash}),
+        "spec": {
+            "serviceName": name,
+            "replicas": target.spec.role(role).replicas,
+            # Engines are independent: start and replace them all at once, not one by one.
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "RollingUpdate"},
+            "selector": {"matchLabels": meta.selector(target, role)},
+            "template": {"metadata": {"labels": pod_labels}, "spec": engine_pod_spec(target, role)},
+        },
+    }
+
+
+def engine_service(target: Target, role: Role) -> dict[str, Any]:
+    """Headless: the router and NIXL address engines pod by pod, never through a VIP."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta.metadata(target, meta.engine_name(target, role), role),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": False,
+            "selector": meta.selector(target, role),
+            "ports": [
+                {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                {
+                    "name": "nixl",
+                    "port": target.spec.kv_transfer.side_channel_port,
+                    "targetPort": "nixl",
+                    "protocol": "TCP",
+                },
+            ],
+        },
+    }

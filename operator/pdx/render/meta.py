@@ -1,0 +1,92 @@
+"""Names, labels, owner references and config hashes shared by every rendered child."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pdx.resource import Target
+from pdx.spec import API_VERSION, KIND
+
+Role = Literal["prefill", "decode"]
+ROLES: tuple[Role, Role] = ("prefill", "decode")
+
+MANAGER = "pdx-operator"
+LABEL_ROLE = "pdx.dev/role"
+LABEL_ENGINE = "pdx.dev/engine"
+LABEL_CONFIG_HASH = "pdx.dev/config-hash"
+ANNOTATION_ROUTER_CONFIG = "pdx.dev/router-config-hash"
+
+HTTP_PORT = 8000
+
+
+def canonical_hash(value: Any, length: int = 10) -> str:
+    data = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(data).hexdigest()[:length]
+
+
+def config_hash(target: Target) -> str:
+    """The engine config generation: everything both roles must agree on, minus scale.
+
+    Replica counts and the router are left out, so scaling does not roll the engines, while
+    a changed TTL, threshold or bidirectional switch rolls both roles to one new generation.
+    """
+    doc = target.spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+    doc.pop("router", None)
+    for role in ROLES:
+        doc[role].pop("replicas", None)
+    return canonical_hash(doc)
+
+
+def selector(target: Target, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "pdx",
+        "app.kubernetes.io/instance": target.name,
+        "app.kubernetes.io/component": component,
+    }
+
+
+def labels(target: Target, component: str) -> dict[str, str]:
+    out = {
+        **selector(target, component),
+        "app.kubernetes.io/part-of": "pdx",
+        "app.kubernetes.io/managed-by": MANAGER,
+    }
+    if component in ROLES:
+        out[LABEL_ROLE] = component
+        out[LABEL_ENGINE] = "true"
+    return out
+
+
+def metadata(target: Target, name: str, component: str, **extra: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": target.namespace,
+        "labels": labels(target, component),
+    }
+    if target.uid:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": target.name,
+                "uid": target.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    meta.update(extra)
+    return meta
+
+
+def engine_name(target: Target, role: Role) -> str:
+    return f"{target.name}-{role}"
+
+
+def router_name(target: Target) -> str:
+    return f"{target.name}-router"
+
+
+def endpoints_name(target: Target) -> str:
+    return f"{target.name}-endpoints"

@@ -1,0 +1,93 @@
+"""A DisaggregatedInference as the renderer sees it: identity plus a validated spec.
+
+Loading turns a raw custom-resource document into this, or raises `SpecError` with messages
+that name the field and the fix, so `pdx render`, the local runtime and the operator report
+bad input the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from pdx.spec import API_VERSION, KIND, DisaggregatedInferenceSpec
+
+# StatefulSet pods carry a controller-revision-hash label built from the set's name (<= 63).
+MAX_NAME_LENGTH = 40
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class SpecError(ValueError):
+    """Invalid DisaggregatedInference; `problems` are one line each: `field: what to do`."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to render: the resource's identity and its validated spec."""
+
+    name: str
+    namespace: str
+    spec: DisaggregatedInferenceSpec
+    uid: str | None = None
+    generation: int | None = None
+
+
+def _field(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in ("spec", *loc))
+
+
+def _problems(err: ValidationError) -> list[str]:
+    out = []
+    for e in err.errors():
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "value_error" and not e["loc"]:
+            out.extend(msg.split("; "))  # cross-field rules already name their fields
+        elif e["type"] == "extra_forbidden":
+            out.append(
+                f"{_field(e['loc'])}: unknown field; remove it or fix its spelling (see `kubectl explain dinf.spec`)"
+            )
+        else:
+            out.append(f"{_field(e['loc'])}: {msg} (got {e.get('input')!r})")
+    return out
+
+
+def parse_spec(raw: Any) -> DisaggregatedInferenceSpec:
+    try:
+        return DisaggregatedInferenceSpec.model_validate(raw)
+    except ValidationError as err:
+        raise SpecError(_problems(err)) from None
+
+
+def load(document: dict[str, Any], default_namespace: str = "default") -> Target:
+    """Validate a whole custom-resource document (as `kubectl apply` would send it)."""
+    problems: list[str] = []
+    if document.get("apiVersion") != API_VERSION or document.get("kind") != KIND:
+        problems.append(
+            f"apiVersion/kind: expected {API_VERSION} {KIND}, got {document.get('apiVersion')} {document.get('kind')}"
+        )
+    meta = document.get("metadata") or {}
+    name = meta.get("name", "")
+    if not isinstance(name, str) or not _DNS_LABEL.match(name) or len(name) > MAX_NAME_LENGTH:
+        problems.append(
+            f"metadata.name: {name!r} must be a DNS label of at most {MAX_NAME_LENGTH} characters "
+            "(lower-case letters, digits, '-'): rename the resource"
+        )
+    if "spec" not in document:
+        problems.append("spec: missing; a DisaggregatedInference needs at least spec.model.name")
+    if problems:
+        raise SpecError(problems)
+    spec = parse_spec(document["spec"])
+    return Target(
+        name=name,
+        namespace=meta.get("namespace") or default_namespace,
+        spec=spec,
+        uid=meta.get("uid"),
+        generation=meta.get("generation"),
+    )

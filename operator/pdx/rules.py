@@ -1,0 +1,153 @@
+"""Cross-field rules, written once in CEL.
+
+The CRD carries them as `x-kubernetes-validations` on `spec` (the API server evaluates them on
+`kubectl apply`/`edit`), and the models evaluate the very same expressions with cel-python on
+the same defaulted document, so both reject the same inputs with the same message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+import celpy
+from celpy.adapter import json_to_cel
+
+from pdx.profiles import PROFILES
+from pdx.spec import PREFILL_DECLINE_WINDOW_SECONDS
+
+if TYPE_CHECKING:
+    from pdx.spec import DisaggregatedInferenceSpec
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One CEL rule on `spec`: the expression must be true; otherwise `message` applies to `field`."""
+
+    field: str
+    expression: str
+    message: str
+
+    def to_crd(self) -> dict[str, str]:
+        return {"rule": self.expression, "message": self.message, "fieldPath": f".{self.field}"}
+
+
+def _profile_map(attr: str) -> str:
+    return "{" + ", ".join(f"'{k}': {getattr(p, attr)}" for k, p in sorted(PROFILES.items())) + "}"
+
+
+_KNOWN = "[" + ", ".join(f"'{k}'" for k in sorted(PROFILES)) + "]"
+# GPUs / EFA devices per node: the explicit override, else the profile table (0 when unknown).
+_NODE_GPUS = (
+    "(has(self.placement.gpusPerNode) ? self.placement.gpusPerNode : "
+    f"(self.placement.instanceType in {_KNOWN} ? {_profile_map('gpus')}[self.placement.instanceType] : 0))"
+)
+_NODE_EFA = (
+    "(has(self.placement.efaDevicesPerNode) ? self.placement.efaDevicesPerNode : "
+    f"(self.placement.instanceType in {_KNOWN} ? {_profile_map('efa_devices')}[self.placement.instanceType] : 0))"
+)
+
+
+def _tp_fits(role: str) -> Rule:
+    return Rule(
+        field=f"{role}.tensorParallelSize",
+        expression=f"{_NODE_GPUS} == 0 || self.{role}.tensorParallelSize <= {_NODE_GPUS}",
+        message=(
+            f"{role}.tensorParallelSize exceeds the GPUs of one node of placement.instanceType: "
+            "lower it, or pick an instance type (or placement.gpusPerNode) with enough GPUs"
+        ),
+    )
+
+
+W = PREFILL_DECLINE_WINDOW_SECONDS
+RULES: tuple[Rule, ...] = (
+    Rule(
+        field="router.conversationTtlSeconds",
+        expression=(
+            "!has(self.router.conversationTtlSeconds) || "
+            f"self.router.conversationTtlSeconds <= self.kvTransfer.decoderKvBlocksTtlSeconds - {W}"
+        ),
+        message=(
+            f"router.conversationTtlSeconds must be at most kvTransfer.decoderKvBlocksTtlSeconds - {W} "
+            f"(prefill declines reads in decode's last {W} s): lower it, or raise the decoder TTL"
+        ),
+    ),
+    Rule(
+        field="placement.instanceType",
+        expression=(
+            f"self.placement.instanceType in {_KNOWN} || "
+            "(has(self.placement.gpusPerNode) && has(self.placement.efaDevicesPerNode))"
+        ),
+        message=(
+            f"placement.instanceType has no profile (known: {', '.join(sorted(PROFILES))}): "
+            "use one of those, or set placement.gpusPerNode and placement.efaDevicesPerNode"
+        ),
+    ),
+    _tp_fits("prefill"),
+    _tp_fits("decode"),
+    Rule(
+        field="decode.tensorParallelSize",
+        expression=(
+            "self.prefill.tensorParallelSize >= self.decode.tensorParallelSize ? "
+            "self.prefill.tensorParallelSize % self.decode.tensorParallelSize == 0 : "
+            "self.decode.tensorParallelSize % self.prefill.tensorParallelSize == 0"
+        ),
+        message=(
+            "prefill.tensorParallelSize and decode.tensorParallelSize must divide one another "
+            "(NixlConnector maps KV heads between ranks by their ratio): e.g. 8 and 4, not 8 and 3"
+        ),
+    ),
+    Rule(
+        field="kvTransfer.loadFailurePolicy",
+        expression="!(self.kvTransfer.bidirectional && self.kvTransfer.loadFailurePolicy == 'recompute')",
+        message=(
+            "kvTransfer.loadFailurePolicy 'recompute' hangs expired D->P reads in vLLM 0.32/0.33: "
+            "use 'fail' (the router retries the turn without reuse) or turn bidirectional off"
+        ),
+    ),
+    Rule(
+        field="kvTransfer.backends",
+        expression=(f"!has(self.kvTransfer.backends) || !('LIBFABRIC' in self.kvTransfer.backends) || {_NODE_EFA} > 0"),
+        message=(
+            "kvTransfer.backends LIBFABRIC needs EFA devices on the node: use UCX, or an instance "
+            "type (or placement.efaDevicesPerNode) with EFA"
+        ),
+    ),
+    Rule(
+        field="router.store.url",
+        expression="self.router.store.kind != 'redis' || has(self.router.store.url)",
+        message="router.store.url is required when router.store.kind is redis: set redis://HOST:6379/0",
+    ),
+    Rule(
+        field="router.replicas",
+        expression="self.router.replicas <= 1 || self.router.store.kind == 'redis'",
+        message=(
+            "router.replicas above 1 needs router.store.kind redis (replicas must share "
+            "conversation entries): set the store, or use one replica"
+        ),
+    ),
+)
+
+
+@cache
+def _programs() -> list[tuple[Rule, Any]]:
+    env = celpy.Environment()
+    return [(rule, env.program(env.compile(rule.expression))) for rule in RULES]
+
+
+def violations(document: dict[str, Any]) -> list[Rule]:
+    """Rules the defaulted `spec` document (camelCase, no nulls) breaks."""
+    activation = {"self": json_to_cel(document)}
+    broken = []
+    for rule, program in _programs():
+        if not bool(program.evaluate(activation)):
+            broken.append(rule)
+    return broken
+
+
+def check_spec(spec: DisaggregatedInferenceSpec) -> None:
+    """Raise ValueError naming every broken rule (pydantic turns it into a ValidationError)."""
+    broken = violations(spec.model_dump(by_alias=True, exclude_none=True, mode="json"))
+    if broken:
+        raise ValueError("; ".join(f"spec.{r.field}: {r.message}" for r in broken))

@@ -1,0 +1,440 @@
+"""The DisaggregatedInference API: pydantic models that are the single source of truth.
+
+The CRD schema (`pdx.crd`), the defaults, the validation messages, the renderer, the local
+runtime and the operator all read these models. Field docstrings become the CRD's
+descriptions, so `kubectl explain disaggregatedinference.spec.kvTransfer` is the manual.
+Cross-field facts are CEL rules (`pdx.rules`) that the models evaluate too.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from pdx.profiles import DEFAULT_INSTANCE_TYPE, PROFILES, InstanceProfile
+
+GROUP = "inference.pdx.dev"
+VERSION = "v1alpha1"
+KIND = "DisaggregatedInference"
+PLURAL = "disaggregatedinferences"
+SINGULAR = "disaggregatedinference"
+SHORT_NAMES = ["dinf"]
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# Prefill declines a D->P read within 5 s of decode's expiry; the router's own deadline for
+# an entry must end before that, and by default keeps a wider safety margin.
+PREFILL_DECLINE_WINDOW_SECONDS = 5
+ROUTER_TTL_MARGIN_SECONDS = 30
+
+Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|m|k|M|G|T)?$")]
+
+
+class _Spec(BaseModel):
+    """Base: camelCase on the wire, unknown fields rejected (a typo must not pass silently)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+    )
+
+
+class ModelSpec(_Spec):
+    """The model both roles serve."""
+
+    name: str = Field(min_length=1)
+    """Hugging Face hub id or a path inside the model cache (e.g. Qwen/Qwen3-32B)."""
+    served_model_name: str | None = None
+    """Name clients use in requests; defaults to `name`."""
+    revision: str | None = None
+    """Hub revision (branch, tag or commit) to pin the weights."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """Weight and activation dtype passed to vLLM (--dtype)."""
+    max_model_len: int | None = Field(default=None, ge=16)
+    """Context length (--max-model-len); unset lets vLLM take the model's."""
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    """Concurrent sequences per engine (--max-num-seqs)."""
+    load_format: str | None = None
+    """vLLM --load-format (e.g. `dummy` for random weights in tests)."""
+    extra_args: list[str] = Field(default_factory=list)
+    """Extra `vllm serve` arguments given to both roles."""
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or self.name
+
+
+class ImageSpec(_Spec):
+    """A container image and how to pull it."""
+
+    repository: str = "ghcr.io/pdx-dev/vllm-efa"
+    """Image repository."""
+    tag: str = "0.33.0"
+    """Image tag (or digest with `sha256:` prefix)."""
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """Kubernetes imagePullPolicy."""
+    pull_secrets: list[str] = Field(default_factory=list)
+    """Names of image pull secrets in the resource's namespace."""
+
+    @property
+    def ref(self) -> str:
+        sep = "@" if self.tag.startswith("sha256:") else ":"
+        return f"{self.repository}{sep}{self.tag}"
+
+
+class SecretKeyRef(_Spec):
+    """A key in a Secret of the resource's namespace."""
+
+    name: str = Field(min_length=1)
+    """Secret name."""
+    key: str = "token"
+    """Key within the Secret."""
+
+
+class ModelCacheSpec(_Spec):
+    """Where weights are cached; shared by restarts when a PVC is given."""
+
+    claim_name: str | None = None
+    """PersistentVolumeClaim holding the cache; unset uses an emptyDir (downloads each start)."""
+    mount_path: str = Field(default="/models", pattern=r"^/")
+    """Mount path of the cache in the engine containers."""
+    hf_home: str | None = Field(default=None, pattern=r"^/")
+    """HF_HOME; defaults to `<mountPath>/huggingface`."""
+
+    @property
+    def hf_home_path(self) -> str:
+        return self.hf_home or f"{self.mount_path.rstrip('/')}/huggingface"
+
+
+class Resources(_Spec):
+    """Extra resource requests/limits; GPUs and EFA devices are derived unless given."""
+
+    gpus: int | None = Field(default=None, ge=0)
+    """nvidia.com/gpu per pod; defaults to tensorParallelSize on GPU instance types."""
+    efa_devices: int | None = Field(default=None, ge=0)
+    """vpc.amazonaws.com/efa per pod; defaults to the node's EFA count scaled by GPUs used."""
+    cpu: Quantity | None = None
+    """CPU request (and limit when `limitCpu` is set)."""
+    memory: Quantity | None = None
+    """Memory request and limit."""
+    limit_cpu: bool = False
+    """Also set the CPU limit to the request."""
+
+
+class Probes(_Spec):
+    """Probe timing fit for long model loads (tens of minutes for a 300B checkpoint)."""
+
+    startup_timeout_seconds: int = Field(default=3600, ge=30)
+    """How long an engine may take to become healthy before Kubernetes restarts it."""
+    period_seconds: int = Field(default=10, ge=1)
+    """Probe period once started."""
+    failure_threshold: int = Field(default=3, ge=1)
+    """Consecutive failures before the pod is unready (readiness) or restarted (liveness)."""
+
+
+class RoleSpec(_Spec):
+    """One engine fleet: prefill or decode (same shape)."""
+
+    replicas: int = Field(default=1, ge=0)
+    """Engine pods of this role (xPyD)."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """--tensor-parallel-size; must fit the node's GPUs."""
+    resources: Resources = Field(default_factory=Resources)
+    """Resources beyond the derived GPUs and EFA devices."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels added to the instance profile's."""
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    """Tolerations added to the GPU taint toleration."""
+    affinity: dict[str, Any] | None = None
+    """Pod affinity/anti-affinity (Kubernetes Affinity object)."""
+    prefix_caching: bool | None = None
+    """vLLM automatic prefix caching; unset: on, except on prefill under profile `benchmark`."""
+    extra_args: list[str] = Field(default_factory=list)
+    """Extra `vllm serve` arguments for this role only."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for this role's engines."""
+    shm_size: Quantity | None = None
+    """Size of /dev/shm; defaults to the instance profile's."""
+    probes: Probes = Field(default_factory=Probes)
+    """Health probe timing."""
+
+
+class KvTransferSpec(_Spec):
+    """NixlConnector settings; rendered identically into both roles."""
+
+    bidirectional: bool = True
+    """bidirectional_kv_xfer: decode keeps finished blocks so the next turn's prefill reads them back (D->P)."""
+    decoder_kv_blocks_ttl_seconds: int = Field(default=480, ge=1)
+    """decoder_kv_blocks_ttl: seconds decode keeps a finished turn's blocks for reuse."""
+    kv_recompute_threshold: int = Field(default=64, ge=0)
+    """kv_recompute_threshold: fewest reusable tokens worth a remote read instead of recompute."""
+    backends: list[Literal["LIBFABRIC", "UCX"]] | None = Field(default=None, min_length=1)
+    """NIXL backends; unset: LIBFABRIC where the node has EFA (UCX on EFA silently runs over TCP), else UCX."""
+    kv_buffer_device: Literal["cuda", "cpu"] | None = None
+    """Where KV buffers live; unset: cuda on GPU instance types, cpu otherwise."""
+    side_channel_port: int = Field(default=5600, ge=1024, le=65535)
+    """VLLM_NIXL_SIDE_CHANNEL_PORT (NIXL handshake)."""
+    load_failure_policy: Literal["fail", "recompute"] = "fail"
+    """kv_load_failure_policy; `fail` answers 500 and the router retries without reuse."""
+
+
+class PlacementSpec(_Spec):
+    """Node placement from an instance-type profile; every derived value can be overridden."""
+
+    instance_type: str = DEFAULT_INSTANCE_TYPE
+    """node.kubernetes.io/instance-type; profiles: p5en.48xlarge, p5.48xlarge, p5e.48xlarge, p4d.24xlarge, cpu."""
+    gpus_per_node: int | None = Field(default=None, ge=0)
+    """GPUs per node; required for instance types without a profile."""
+    efa_devices_per_node: int | None = Field(default=None, ge=0)
+    """EFA devices per node; required for instance types without a profile."""
+    hugepages2_mi: Quantity | None = Field(default=None, alias="hugepages2Mi")
+    """hugepages-2Mi per engine pod (libfabric/EFA buffers)."""
+    gpu_taint_toleration: bool | None = None
+    """Tolerate the nvidia.com/gpu NoSchedule taint; defaults to the profile's."""
+    privileged: bool = False
+    """Run engines privileged (some EFA setups); otherwise only IPC_LOCK and SYS_RESOURCE are added."""
+    fi_env: dict[str, str] = Field(default_factory=dict)
+    """libfabric/NIXL environment merged over the profile's (FI_PROVIDER=efa, ...)."""
+    efa_check: bool | None = None
+    """Fail engine start-up unless the EFA provider is present (no silent TCP); default on with EFA."""
+
+    @property
+    def profile(self) -> InstanceProfile:
+        known = PROFILES.get(self.instance_type)
+        if known is not None:
+            return known
+        return InstanceProfile(gpus=self.gpus_per_node or 0, efa_devices=self.efa_devices_per_node or 0)
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node if self.gpus_per_node is not None else self.profile.gpus
+
+    @property
+    def efa_devices(self) -> int:
+        if self.efa_devices_per_node is not None:
+            return self.efa_devices_per_node
+        return self.profile.efa_devices
+
+
+class RouterStoreSpec(_Spec):
+    """Where the router keeps conversation entries."""
+
+    kind: Literal["memory", "redis"] = "memory"
+    """`memory` (per replica) or `redis` (shared by all router replicas)."""
+    url: str | None = Field(default=None, pattern=r"^rediss?://")
+    """Redis URL, required for kind `redis`."""
+
+
+class RouterImageSpec(ImageSpec):
+    """The router's image (same fields, its own defaults)."""
+
+    repository: str = "ghcr.io/pdx-dev/pdx-router"
+    """Image repository."""
+    tag: str = "0.1.0"
+    """Image tag (or digest with `sha256:` prefix)."""
+
+
+class RouterSpec(_Spec):
+    """The KV-cache-aware router."""
+
+    replicas: int = Field(default=1, ge=0)
+    """Router pods; more than one needs store kind `redis` to share entries."""
+    image: RouterImageSpec = Field(default_factory=RouterImageSpec)
+    """Router image."""
+    port: int = Field(default=8000, ge=1, le=65535)
+    """Port of the router's OpenAI-compatible API."""
+    conversation_ttl_seconds: int | None = Field(default=None, ge=0)
+    """Router deadline for a stored entry; default: decoder TTL minus a 30 s margin (450 for 480)."""
+    max_entries: int = Field(default=100000, ge=1)
+    """Conversation entries kept (LRU beyond)."""
+    tenant_header: str | None = None
+    """Header naming the tenant; unset: a hash of the Authorization header."""
+    store: RouterStoreSpec = Field(default_factory=RouterStoreSpec)
+    """Entry store."""
+    resources: Resources = Field(default_factory=lambda: Resources(cpu="1", memory="1Gi"))
+    """Router resources."""
+
+    def effective_ttl(self, decoder_ttl: int) -> int:
+        """Entries must die before decode drops the blocks (and before prefill declines reads)."""
+        if self.conversation_ttl_seconds is not None:
+            return self.conversation_ttl_seconds
+        margin = (
+            ROUTER_TTL_MARGIN_SECONDS if decoder_ttl > 2 * ROUTER_TTL_MARGIN_SECONDS else PREFILL_DECLINE_WINDOW_SECONDS
+        )
+        return max(0, decoder_ttl - margin)
+
+
+class DisaggregatedInferenceSpec(_Spec):
+    """A prefill fleet, a decode fleet and a KV-cache-aware router with bidirectional KV transfer."""
+
+    model: ModelSpec
+    """The served model."""
+    profile: Literal["production", "benchmark"] = "production"
+    """`benchmark` turns prefix caching off on prefill (models eviction, as in the seed's measurements)."""
+    image: ImageSpec = Field(default_factory=ImageSpec)
+    """vLLM serving image (vLLM with NIXL and the EFA userspace)."""
+    model_cache: ModelCacheSpec = Field(default_factory=ModelCacheSpec)
+    """Weight cache volume."""
+    hf_token_secret: SecretKeyRef | None = None
+    """Secret with the Hugging Face token (HF_TOKEN)."""
+    prefill: RoleSpec = Field(default_factory=RoleSpec)
+    """The prefill fleet."""
+    decode: RoleSpec = Field(default_factory=RoleSpec)
+    """The decode fleet."""
+    kv_transfer: KvTransferSpec = Field(default_factory=KvTransferSpec)
+    """KV transfer between the roles (NixlConnector)."""
+    placement: PlacementSpec = Field(default_factory=PlacementSpec)
+    """Node placement."""
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    """The KV-cache-aware router."""
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> DisaggregatedInferenceSpec:
+        from pdx.rules import check_spec  # the CEL rules, evaluated on the same document
+
+        check_spec(self)
+        return self
+
+    def role(self, name: Literal["prefill", "decode"]) -> RoleSpec:
+        return self.prefill if name == "prefill" else self.decode
+
+    def prefix_caching(self, name: Literal["prefill", "decode"]) -> bool:
+        explicit = self.role(name).prefix_caching
+        if explicit is not None:
+            return explicit
+        return not (self.profile == "benchmark" and name == "prefill")
+
+    def gpus(self, name: Literal["prefill", "decode"]) -> int:
+        role = self.role(name)
+        if role.resources.gpus is not None:
+            return role.resources.gpus
+        return role.tensor_parallel_size if self.placement.gpus > 0 else 0
+
+    def efa_devices(self, name: Literal["prefill", "decode"]) -> int:
+        role = self.role(name)
+        if role.resources.efa_devices is not None:
+            return role.resources.efa_devices
+        node_gpus, node_efa = self.placement.gpus, self.placement.efa_devices
+        if node_gpus == 0 or node_efa == 0:
+            return 0
+        return max(1, node_efa * self.gpus(name) // node_gpus)
+
+    @property
+    def backends(self) -> list[str]:
+        if self.kv_transfer.backends is not None:
+            return list(self.kv_transfer.backends)
+        return ["LIBFABRIC"] if self.placement.efa_devices > 0 else ["UCX"]
+
+    @property
+    def kv_buffer_device(self) -> str:
+        if self.kv_transfer.kv_buffer_device is not None:
+            return self.kv_transfer.kv_buffer_device
+        return "cuda" if self.placement.gpus > 0 else "cpu"
+
+    @property
+    def router_ttl(self) -> int:
+        return self.router.effective_ttl(self.kv_transfer.decoder_kv_blocks_ttl_seconds)
+
+    @property
+    def uses_efa(self) -> bool:
+        return "LIBFABRIC" in self.backends and self.placement.efa_devices > 0
+
+
+class Condition(_Spec):
+    """A status condition (Kubernetes convention)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="allow",
+        use_attribute_docstrings=True,
+    )
+
+    type: str
+    """Condition type."""
+    status: Literal["True", "False", "Unknown"]
+    """Condition status."""
+    reason: str = ""
+    """Machine-readable reason."""
+    message: str = ""
+    """What a person should know or do."""
+    last_transition_time: str | None = None
+    """When the status last changed (RFC 3339)."""
+    observed_generation: int | None = None
+    """metadata.generation this condition was computed for."""
+
+
+class RoleStatus(_Spec):
+    """Ready versus desired engines of one role."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="allow",
+        use_attribute_docstrings=True,
+    )
+
+    ready: int = 0
+    """Ready pods."""
+    desired: int = 0
+    """Desired pods."""
+    updated: int = 0
+    """Pods already on the config hash in force."""
+    summary: str = "0/0"
+    """ready/desired, for printer columns."""
+
+
+class ReuseStatus(_Spec):
+    """Counters read from the router."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="allow",
+        use_attribute_docstrings=True,
+    )
+
+    hit_rate: float | None = None
+    """Share of turns with a stored entry that reused decode's KV."""
+    hits: int = 0
+    """Turns served with D->P reuse."""
+    expired: int = 0
+    """Entries past the router's deadline when the next turn came."""
+    recommended_ttl_seconds: int | None = None
+    """decoderKvBlocksTtlSeconds that would cover the observed inter-turn gaps (p95 + margin); advice only."""
+
+
+class DisaggregatedInferenceStatus(_Spec):
+    """What the operator observed."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="allow",
+        use_attribute_docstrings=True,
+    )
+
+    observed_generation: int | None = None
+    """metadata.generation last reconciled."""
+    config_hash: str | None = None
+    """Engine config generation in force (pods carry it as label pdx.dev/config-hash)."""
+    ready: str | None = None
+    """`True` when both roles and the router are available."""
+    prefill: RoleStatus | None = None
+    """Prefill engines."""
+    decode: RoleStatus | None = None
+    """Decode engines."""
+    router: RoleStatus | None = None
+    """Router pods."""
+    router_address: str | None = None
+    """In-cluster URL of the router."""
+    bidirectional: bool | None = None
+    """bidirectional_kv_xfer in force."""
+    reuse: ReuseStatus | None = None
+    """Router reuse counters and TTL advice."""
+    conditions: list[Condition] = Field(default_factory=list)
+    """Ready, PrefillAvailable, DecodeAvailable, RouterAvailable, Progressing, Degraded, InvalidSpec."""

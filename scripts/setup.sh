@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Creates .venv at the repository root with pdx, its test tools and the CPU vLLM engines.
+# The order matters: torch's CPU wheel first (else a CUDA build is pulled), then vLLM + NIXL,
+# then the NIXL meta package without its CUDA deps, then drop three wheels that do not load
+# against torch+cpu (torchcodec's OSError kills vLLM start-up).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+pip=(.venv/bin/python -m pip install --quiet)
+"${pip[@]}" --upgrade pip
+"${pip[@]}" "torch==2.13.0+cpu"
+"${pip[@]}" "torch==2.13.0+cpu" -e ".[engine,test]"
+"${pip[@]}" --no-deps "nixl==1.5.1"
+.venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+echo "pdx: .venv ready ($(.venv/bin/python -c 'import vllm; print("vllm", vllm.__version__)'))"
