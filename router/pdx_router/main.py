@@ -1,2 +1,91 @@
-def main() -> None:
-    raise SystemExit("pdx-router: not built yet")
+"""`pdx-router --config /etc/pdx/router.json` (the operator) or flags alone (local use)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from dataclasses import replace
+
+from aiohttp import web
+
+from .app import build_app
+from .config import ConfigError, RouterConfig, StoreConfig, load_config, with_overrides
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="pdx-router", description=__doc__)
+    p.add_argument("--config", help="JSON config rendered by the operator")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--prefill", action="append", help="prefill base URL (repeatable)")
+    p.add_argument("--decode", action="append", help="decode base URL (repeatable)")
+    p.add_argument("--model", help="served model name")
+    p.add_argument("--generation")
+    p.add_argument("--conversation-ttl", type=float, help="seconds an entry is reused")
+    p.add_argument("--threshold", type=int, help="fewest tokens worth a remote read")
+    p.add_argument("--redis-url", help="share entries through Redis")
+    p.add_argument("--tenant-header", help="header naming the tenant (default: API key hash)")
+    p.add_argument("--endpoints-file")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace) -> RouterConfig:
+    cfg = load_config(args.config) if args.config else RouterConfig()
+    if args.conversation_ttl is not None and args.conversation_ttl <= 0:
+        raise ConfigError("--conversation-ttl: must be > 0")
+    if args.threshold is not None and args.threshold < 0:
+        raise ConfigError("--threshold: must be >= 0")
+    if args.redis_url is not None:
+        cfg = replace(cfg, store=StoreConfig("redis", args.redis_url, cfg.store.key_prefix))
+    return with_overrides(
+        cfg,
+        host=args.host,
+        port=args.port,
+        prefill=args.prefill,
+        decode=args.decode,
+        served_model_name=args.model,
+        generation=args.generation,
+        conversation_ttl_seconds=args.conversation_ttl,
+        kv_recompute_threshold=args.threshold,
+        tenant_header=args.tenant_header,
+        endpoints_file=args.endpoints_file,
+    )
+
+
+async def serve(cfg: RouterConfig) -> None:
+    """Run until cancelled; handler cancellation makes a client disconnect abort upstream."""
+    runner = web.AppRunner(build_app(cfg), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)
+    await site.start()
+    logging.getLogger("pdx_router").info("pdx-router listening on %s:%d", cfg.host, cfg.port)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = build_config(args)
+    except ConfigError as exc:
+        print(f"pdx-router: bad config: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(cfg))
+
+
+if __name__ == "__main__":
+    main()

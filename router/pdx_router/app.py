@@ -1,0 +1,411 @@
+"""The HTTP server: OpenAI front, the prefill -> decode flow, retry without reuse.
+
+Decisions come from policy.py; this module only moves bytes, measures and records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from . import policy
+from .config import RouterConfig
+from .discovery import Discovery, Pool
+from .endpoints import Endpoint
+from .entries import Entry
+from .metrics import Metrics
+from .policy import Outcome
+from .store import MemoryStore, RedisStore, Store
+from .upstream import (
+    Captured,
+    ClientFacingError,
+    StreamFilter,
+    Upstream,
+    UpstreamError,
+    filter_response,
+)
+
+log = logging.getLogger("pdx_router")
+
+CONFIG: web.AppKey[RouterConfig] = web.AppKey("config", RouterConfig)
+
+
+def make_store(cfg: RouterConfig) -> Store:
+    if cfg.store.kind == "redis":
+        assert cfg.store.url is not None
+        return RedisStore(cfg.store.url, cfg.store.key_prefix, cfg.max_entries)
+    return MemoryStore(cfg.max_entries)
+
+
+def tenant_of(headers: Any, tenant_header: str | None) -> str:
+    """The tenant an entry belongs to: a configured header, else a hash of the API key."""
+    if tenant_header:
+        return str(headers.get(tenant_header, ""))
+    auth = headers.get("Authorization")
+    return hashlib.sha256(auth.encode()).hexdigest()[:32] if auth else ""
+
+
+def entry_key(tenant: str, conversation: str) -> str:
+    """Tenant-scoped store key; hashed so ids of any length or charset are safe in Redis."""
+    return hashlib.sha256(f"{tenant}\x00{conversation}".encode()).hexdigest()
+
+
+@dataclass
+class Turn:
+    """Per-request state threaded through the flow."""
+
+    path: str
+    is_chat: bool
+    body: dict[str, Any]
+    stream: bool
+    client_wants_ids: bool
+    capture: bool
+    key: str | None
+    headers: dict[str, str]
+    started: float
+    outcome: Outcome = Outcome.NONE
+    reused_tokens: int = 0
+    prefill_ms: float = 0.0
+
+
+class NoEngines(Exception):
+    pass
+
+
+class Router:
+    def __init__(self, cfg: RouterConfig, store: Store | None = None) -> None:
+        self.cfg = cfg
+        self.pool = Pool()
+        self.upstream = Upstream(cfg.upstream_timeout_seconds)
+        self.store = store if store is not None else make_store(cfg)
+        self.metrics = Metrics()
+        self.discovery = Discovery(cfg, self.pool, self.upstream)
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self, _app: web.Application) -> None:
+        await self.upstream.start()
+        await self.discovery.start()
+
+    async def stop(self, _app: web.Application) -> None:
+        await self.discovery.stop()
+        await self.upstream.close()
+        await self.store.close()
+
+    # ------------------------------------------------------------ small routes
+
+    async def health(self, _req: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def ready(self, _req: web.Request) -> web.Response:
+        gen = policy.choose_generation(self.pool.endpoints, self.cfg.generation)
+        if gen is None:
+            return web.json_response({"ready": False, "reason": "no healthy P/D pair"}, status=503)
+        return web.json_response({"ready": True, "generation": gen})
+
+    async def models(self, _req: web.Request) -> web.Response:
+        model = {"id": self.cfg.served_model_name, "object": "model", "owned_by": "pdx"}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def metrics_route(self, _req: web.Request) -> web.Response:
+        with contextlib.suppress(Exception):
+            self.metrics.entries.set(await self.store.count())
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def stats(self, _req: web.Request) -> web.Response:
+        entries = await self.store.count()
+        return web.Response(body=orjson.dumps(self.metrics.stats(entries)), content_type="application/json")
+
+    # ------------------------------------------------------------ completions
+
+    async def chat(self, req: web.Request) -> web.StreamResponse:
+        return await self._complete(req, "/v1/chat/completions", True)
+
+    async def completions(self, req: web.Request) -> web.StreamResponse:
+        return await self._complete(req, "/v1/completions", False)
+
+    async def _complete(self, req: web.Request, path: str, is_chat: bool) -> web.StreamResponse:
+        started = time.perf_counter()
+        try:
+            raw = await req.read()
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return _error(400, "request body is not valid JSON")
+        if not isinstance(body, dict):
+            return _error(400, "request body must be a JSON object")
+        conversation = body.get("conversation_id") or req.headers.get("X-Session-ID")
+        body, wants_ids = policy.clean_client_body(body)
+        key = None
+        if conversation:
+            key = entry_key(tenant_of(req.headers, self.cfg.tenant_header), str(conversation))
+        headers = {"Authorization": req.headers["Authorization"]} if "Authorization" in req.headers else {}
+        turn = Turn(
+            path=path,
+            is_chat=is_chat,
+            body=body,
+            stream=bool(body.get("stream")),
+            client_wants_ids=wants_ids,
+            capture=key is not None and body.get("n", 1) in (1, None),
+            key=key,
+            headers=headers,
+            started=started,
+        )
+        try:
+            return await self._serve(req, turn)
+        except NoEngines:
+            return _error(503, "no healthy prefill/decode pair of one generation")
+        except ClientFacingError as exc:
+            return web.Response(status=exc.status, body=exc.body, content_type=exc.content_type)
+        except UpstreamError as exc:
+            self.metrics.upstream_errors.labels(exc.endpoint.role).inc()
+            return _error(502, f"engine failed: {exc}")
+
+    def _generation(self) -> str:
+        gen = policy.choose_generation(self.pool.endpoints, self.cfg.generation)
+        if gen is None:
+            raise NoEngines
+        return gen
+
+    async def _plan(
+        self, turn: Turn, gen: str, prefill: Endpoint
+    ) -> tuple[Entry | None, policy.ReusePlan, list[int] | None]:
+        """Take the conversation's entry and decide on reuse (tokenizing only if needed)."""
+        assert turn.key is not None
+        entry = await self.store.take(turn.key)
+        now = time.time()
+        if entry is not None:
+            self.metrics.inter_turn_gap(now - entry.stored_at)
+        reason = policy.check_entry(entry, now, self.pool.endpoints, gen)
+        if reason is not None or entry is None:
+            return entry, policy.ReusePlan(reason or Outcome.MISS), None
+        ids = None if turn.is_chat else policy.prompt_ids_of_completion(turn.body)
+        if ids is None:
+            tok = policy.tokenize_body(turn.body, turn.is_chat, turn.body.get("model"))
+            if tok is not None:
+                try:
+                    answer = await self.upstream.post_json(prefill, "/tokenize", tok, turn.headers)
+                    tokens = answer.get("tokens")
+                    ids = tokens if isinstance(tokens, list) else None
+                except (UpstreamError, ClientFacingError) as exc:
+                    log.warning("tokenize failed, no reuse this turn: %s", exc)
+        if ids is None:
+            return entry, policy.ReusePlan(Outcome.PREFIX_MISMATCH), None
+        return entry, policy.plan_reuse(entry, ids, self.cfg.kv_recompute_threshold), ids
+
+    async def _serve(self, req: web.Request, turn: Turn) -> web.StreamResponse:
+        gen = self._generation()
+        prefill = policy.choose_prefill(self.pool.endpoints, gen)
+        assert prefill is not None
+        entry: Entry | None = None
+        plan = policy.ReusePlan(Outcome.NONE)
+        ids: list[int] | None = None
+        if turn.key is not None:
+            entry, plan, ids = await self._plan(turn, gen, prefill)
+        turn.outcome = plan.outcome
+        affinity = entry.decode_url if entry is not None else None
+
+        for attempt in (0, 1):
+            reuse = plan.outcome is Outcome.HIT and attempt == 0
+            if attempt:
+                gen = self._generation()
+                prefill = policy.choose_prefill(self.pool.endpoints, gen) or prefill
+            decode = policy.choose_decode(self.pool.endpoints, gen, affinity)
+            if decode is None:
+                raise NoEngines
+            pbody = policy.prefill_body(turn.body, turn.is_chat, plan.kv if reuse else None)
+            if reuse and ids is not None:
+                pbody = policy.with_prompt_ids(pbody, turn.is_chat, ids)
+            t0 = time.perf_counter()
+            try:
+                answer = await self._call(prefill, turn, pbody)
+            except UpstreamError as exc:
+                self.metrics.upstream_errors.labels("prefill").inc()
+                if attempt == 0 and (reuse or exc.status is None):
+                    if exc.status is None:
+                        prefill.healthy = False
+                    if reuse:
+                        # Declined or failed read of decode's blocks: never the client's
+                        # problem. Retry this turn as plain P/D.
+                        turn.outcome = Outcome.DECLINED
+                        log.info("reuse declined by %s (%s); retrying without reuse", prefill.url, exc.status)
+                    continue
+                raise
+            turn.prefill_ms = (time.perf_counter() - t0) * 1000
+            self.metrics.prefill.observe(turn.prefill_ms / 1000)
+            turn.reused_tokens = plan.tokens if reuse else 0
+            pkv = answer.get("kv_transfer_params")
+            dbody = policy.decode_body(turn.body, pkv if isinstance(pkv, dict) else None, want_token_ids=turn.capture)
+            if reuse and ids is not None:
+                dbody = policy.with_prompt_ids(dbody, turn.is_chat, ids)
+            try:
+                return await self._decode(req, turn, decode, dbody)
+            except UpstreamError as exc:
+                self.metrics.upstream_errors.labels("decode").inc()
+                if attempt == 0 and exc.status is None:
+                    decode.healthy = False
+                    affinity = None
+                    if reuse:
+                        turn.outcome = Outcome.EXPIRED
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    async def _call(self, ep: Endpoint, turn: Turn, body: dict[str, Any]) -> dict[str, Any]:
+        ep.outstanding += 1
+        try:
+            return await self.upstream.post_json(ep, turn.path, body, turn.headers)
+        finally:
+            ep.outstanding -= 1
+
+    def _pdx_headers(self, turn: Turn) -> dict[str, str]:
+        return {
+            "X-PDX-Prefill-Ms": f"{turn.prefill_ms:.1f}",
+            "X-PDX-Reuse": turn.outcome.value,
+            "X-PDX-Reused-Tokens": str(turn.reused_tokens),
+        }
+
+    async def _decode(self, req: web.Request, turn: Turn, decode: Endpoint, body: dict[str, Any]) -> web.StreamResponse:
+        decode.outstanding += 1
+        try:
+            try:
+                ctx = self.upstream.open(decode, turn.path, body, turn.headers)
+                resp = await ctx.__aenter__()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise UpstreamError(decode, None, repr(exc)) from exc
+            try:
+                if resp.status >= 400:
+                    raw = await resp.read()
+                    if resp.status >= 500:
+                        raise UpstreamError(decode, resp.status, raw[:300].decode(errors="replace"))
+                    raise ClientFacingError(resp.status, raw, resp.content_type)
+                if turn.stream:
+                    cap, out = await self._relay_stream(req, turn, resp)
+                else:
+                    cap, out = await self._relay_json(req, turn, resp)
+            finally:
+                await ctx.__aexit__(None, None, None)
+        finally:
+            decode.outstanding -= 1
+        await self._finish(turn, decode, cap)
+        return out
+
+    async def _relay_stream(
+        self, req: web.Request, turn: Turn, resp: aiohttp.ClientResponse
+    ) -> tuple[Captured, web.StreamResponse]:
+        out = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                **self._pdx_headers(turn),
+            }
+        )
+        await out.prepare(req)
+        filt = StreamFilter(capture=turn.capture, strip_ids=not turn.client_wants_ids)
+        passthrough = not turn.capture and turn.client_wants_ids
+        first = True
+        try:
+            async for line in resp.content:
+                if not passthrough:
+                    line = filt.line(line)
+                await out.write(line)
+                if first and line.startswith(b"data: "):
+                    first = False
+                    self.metrics.ttft.observe(time.perf_counter() - turn.started)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("decode stream broke: %r", exc)
+            filt.captured.kv = None  # incomplete turn: do not store
+        await out.write_eof()
+        return filt.captured, out
+
+    async def _relay_json(
+        self, req: web.Request, turn: Turn, resp: aiohttp.ClientResponse
+    ) -> tuple[Captured, web.StreamResponse]:
+        try:
+            data = orjson.loads(await resp.read())
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+            raise UpstreamError(Endpoint(str(resp.url), "decode", ""), None, repr(exc)) from exc
+        cap = filter_response(data, turn.capture, strip_ids=not turn.client_wants_ids)
+        self.metrics.ttft.observe(time.perf_counter() - turn.started)
+        out = web.Response(body=orjson.dumps(data), content_type="application/json", headers=self._pdx_headers(turn))
+        return cap, out
+
+    async def _finish(self, turn: Turn, decode: Endpoint, cap: Captured) -> None:
+        """Record the turn, log the line the seed's data collection reads, store the entry."""
+        self.metrics.outcome(turn.outcome, turn.reused_tokens)
+        log.info(
+            "Prefill done in %.0fms reuse=%s reused_tokens=%d total=%.0fms",
+            turn.prefill_ms,
+            turn.outcome.value,
+            turn.reused_tokens,
+            (time.perf_counter() - turn.started) * 1000,
+        )
+        if turn.key is None or not turn.capture or cap.choices > 1:
+            return
+        entry = policy.make_entry(
+            cap.kv,
+            cap.prompt_ids,
+            cap.output_ids,
+            decode,
+            time.time(),
+            self.cfg.conversation_ttl_seconds,
+        )
+        if entry is not None:
+            await self._put(turn.key, entry)
+
+    async def _put(self, key: str, entry: Entry) -> None:
+        try:
+            await self.store.put(key, entry)
+        except Exception as exc:  # a store outage must not fail requests
+            log.warning("store.put failed: %r", exc)
+
+
+ROUTER = web.AppKey("router", Router)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": "pdx_router_error", "code": status}}, status=status)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def count_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+    router: Router = request.app[ROUTER]
+    try:
+        resp = await handler(request)
+    except web.HTTPException as exc:
+        router.metrics.requests.labels(request.path, str(exc.status)).inc()
+        raise
+    router.metrics.requests.labels(request.path, str(resp.status)).inc()
+    return resp
+
+
+def build_app(cfg: RouterConfig, store: Store | None = None) -> web.Application:
+    """An aiohttp app; the request-size limit makes aiohttp answer 413 by itself."""
+    router = Router(cfg, store)
+    app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[count_requests])
+    app[CONFIG] = cfg
+    app[ROUTER] = router
+    app.on_startup.append(router.start)
+    app.on_cleanup.append(router.stop)
+    app.router.add_post("/v1/chat/completions", router.chat)
+    app.router.add_post("/v1/completions", router.completions)
+    app.router.add_get("/v1/models", router.models)
+    app.router.add_get("/health", router.health)
+    app.router.add_get("/ready", router.ready)
+    app.router.add_get("/metrics", router.metrics_route)
+    app.router.add_get("/v1/pdx/stats", router.stats)
+    return app

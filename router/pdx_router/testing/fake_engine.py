@@ -1,0 +1,379 @@
+"""A fake vLLM engine (prefill or decode role) with the real protocol payloads.
+
+The engines of one `Cluster` share a registry of the blocks each decode holds, so a fake
+prefill can *check* every D->P read it is asked to do: the claimed tokens must be exactly the
+ones the decode holds for those positions, and the block list must end at the last block that
+covers them. A wrong read is recorded, never silently served; that is what the router's
+correctness tests assert on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+EOS = 2
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+
+
+class Vocab:
+    """Word-level tokenizer shared by all engines of a cluster (same model)."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {IM_END: EOS}
+        self.words: dict[int, str] = {EOS: IM_END}
+
+    def encode(self, text: str) -> list[int]:
+        out = []
+        for w in text.replace("\n", " \n ").split(" "):
+            if not w:
+                continue
+            i = self.ids.get(w)
+            if i is None:
+                i = self.ids[w] = len(self.ids) + 100
+                self.words[i] = w
+            out.append(i)
+        return out
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(self.words.get(i, f"t{i}") for i in ids)
+
+
+def render_chat(messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    """ChatML-like template (what the tiny test model in the reference uses)."""
+    parts = []
+    for m in messages:
+        content = m.get("content") or ""
+        if isinstance(content, list):
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        parts.append(f"{IM_START} {m.get('role')} \n {content} {IM_END} \n")
+    if add_generation_prompt:
+        parts.append(f"{IM_START} assistant \n")
+    return " ".join(parts)
+
+
+@dataclass
+class Read:
+    """One D->P read a fake prefill was asked to perform."""
+
+    decode_engine: str
+    tokens: int
+    correct: bool
+    reason: str = ""
+
+
+@dataclass
+class Held:
+    token_ids: list[int]
+    block_ids: list[int]
+    expiry: float
+
+
+@dataclass
+class Cluster:
+    """Shared state of the fake engines of one test or benchmark run."""
+
+    block_size: int = 16
+    vocab: Vocab = field(default_factory=Vocab)
+    held: dict[tuple[str, str], Held] = field(default_factory=dict)
+    reads: list[Read] = field(default_factory=list)
+
+
+@dataclass
+class EngineOptions:
+    role: str
+    engine_id: str
+    prefill_delay: float = 0.0
+    first_token_delay: float = 0.0
+    token_delay: float = 0.0
+    output_tokens: int = 8
+    kv_in_stream: bool = True  # vLLM 0.33 puts kv_transfer_params on the final chunk
+    fail_reads: bool = False  # answer 500 to any D->P read (kv_load_failure_policy: fail)
+    decode_ttl: float = 480.0
+    side_channel_host: str = "127.0.0.1"
+    side_channel_port: int = 5600
+
+
+class FakeEngine:
+    def __init__(self, cluster: Cluster, opts: EngineOptions) -> None:
+        self.cluster = cluster
+        self.opts = opts
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.cancelled = 0
+        self.healthy = True
+        self._ids = itertools.count(1)
+        self._blocks = itertools.count(1)
+        self.app = web.Application()
+        r = self.app.router
+        r.add_post("/v1/chat/completions", self.chat)
+        r.add_post("/v1/completions", self.completion)
+        r.add_post("/tokenize", self.tokenize)
+        r.add_get("/health", self.health)
+        r.add_get("/metrics", self.metrics)
+
+    # ------------------------------------------------------------ helpers
+
+    def prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
+        kv = body.get("kv_transfer_params") or {}
+        forwarded = kv.get("prompt_token_ids") if chat else None
+        if isinstance(forwarded, list):
+            return [int(x) for x in forwarded]
+        if chat:
+            return self.cluster.vocab.encode(render_chat(body["messages"], body.get("add_generation_prompt", True)))
+        prompt = body["prompt"]
+        if isinstance(prompt, list):
+            return [int(x) for x in prompt]
+        return self.cluster.vocab.encode(str(prompt))
+
+    def _blocks_for(self, n: int) -> list[int]:
+        return [next(self._blocks) for _ in range(-(-n // self.cluster.block_size))]
+
+    def check_read(self, kv: dict[str, Any], prompt: list[int]) -> Read | None:
+        """What real prefill would read from decode, validated against what decode holds."""
+        if not (kv.get("do_remote_decode") and kv.get("remote_block_ids")):
+            return None
+        n = int(kv.get("remote_num_tokens") or 0)
+        count = min(n, len(prompt))
+        engine = str(kv.get("remote_engine_id"))
+        held = self.cluster.held.get((engine, str(kv.get("remote_request_id"))))
+        if held is None:
+            return Read(engine, count, False, "decode holds no such request")
+        if time.perf_counter() > held.expiry - 5:
+            return Read(engine, count, False, "expired")
+        blocks = kv["remote_block_ids"][0]
+        need = -(-count // self.cluster.block_size)
+        if blocks[-need:] != held.block_ids[:need] if need else False:
+            return Read(engine, count, False, "block list does not end at the covering block")
+        if prompt[:count] != held.token_ids[:count]:
+            return Read(engine, count, False, "token ids differ: stale KV would be served")
+        return Read(engine, count, True)
+
+    # ------------------------------------------------------------ routes
+
+    async def health(self, _req: web.Request) -> web.Response:
+        return web.Response(status=200 if self.healthy else 503)
+
+    async def metrics(self, _req: web.Request) -> web.Response:
+        text = (
+            "# TYPE vllm:cache_config_info gauge\n"
+            f'vllm:cache_config_info{{block_size="{self.cluster.block_size}",'
+            'cache_dtype="auto",engine="0"} 1.0\n'
+        )
+        return web.Response(text=text)
+
+    async def tokenize(self, req: web.Request) -> web.Response:
+        body = await req.json(loads=orjson.loads)
+        self.requests.append(("/tokenize", body))
+        ids = self.prompt_ids(body, "messages" in body)
+        return web.json_response({"count": len(ids), "max_model_len": 32768, "tokens": ids})
+
+    async def chat(self, req: web.Request) -> web.StreamResponse:
+        return await self._serve(req, True)
+
+    async def completion(self, req: web.Request) -> web.StreamResponse:
+        return await self._serve(req, False)
+
+    async def _serve(self, req: web.Request, chat: bool) -> web.StreamResponse:
+        body = orjson.loads(await req.read())
+        self.requests.append((req.path, body))
+        try:
+            if self.opts.role == "prefill":
+                return await self._prefill(body, chat)
+            return await self._decode(req, body, chat)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+    async def _prefill(self, body: dict[str, Any], chat: bool) -> web.Response:
+        kv = dict(body.get("kv_transfer_params") or {})
+        prompt = self.prompt_ids(body, chat)
+        read = self.check_read(kv, prompt)
+        if read is not None:
+            self.cluster.reads.append(read)
+            if self.opts.fail_reads or read.reason == "expired":
+                return web.json_response({"error": {"message": "KV load failed", "code": 500}}, status=500)
+        await asyncio.sleep(self.opts.prefill_delay)
+        rid = f"cmpl-{self.opts.engine_id}-{next(self._ids)}"
+        out_kv = {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_block_ids": [self._blocks_for(len(prompt))],
+            "remote_engine_id": self.opts.engine_id,
+            "remote_request_id": rid,
+            "remote_host": self.opts.side_channel_host,
+            "remote_port": self.opts.side_channel_port,
+            "tp_size": 1,
+            "dcp_size": 1,
+            "pp_size": 1,
+            "remote_num_tokens": len(prompt),
+            "remote_blocks_expiry_time": None,
+            "transfer_mode": "pull",
+            "remote_prefill_cached_tokens": read.tokens if read and read.correct else 0,
+        }
+        return web.Response(
+            body=orjson.dumps(self._full(rid, body, chat, prompt, [101], out_kv, "length")),
+            content_type="application/json",
+        )
+
+    def _full(
+        self,
+        rid: str,
+        body: dict[str, Any],
+        chat: bool,
+        prompt: list[int],
+        out: list[int],
+        kv: dict[str, Any] | None,
+        finish: str,
+    ) -> dict[str, Any]:
+        """A non-streamed answer as vLLM's model_dump shapes it (None fields included)."""
+        ids = bool(body.get("return_token_ids"))
+        text = self.cluster.vocab.decode([t for t in out if t != EOS])
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(out), "total_tokens": len(prompt) + len(out)}
+        if chat:
+            return {
+                "id": rid,
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text, "tool_calls": []},
+                        "logprobs": None,
+                        "finish_reason": finish,
+                        "stop_reason": None,
+                        "token_ids": out if ids else None,
+                    }
+                ],
+                "usage": usage,
+                "prompt_logprobs": None,
+                "prompt_token_ids": prompt if ids else None,
+                "kv_transfer_params": kv,
+            }
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model"),
+            "choices": [
+                {
+                    "index": 0,
+                    "text": text,
+                    "logprobs": None,
+                    "finish_reason": finish,
+                    "stop_reason": None,
+                    "prompt_logprobs": None,
+                    "prompt_token_ids": prompt if ids else None,
+                    "token_ids": out if ids else None,
+                }
+            ],
+            "usage": usage,
+            "kv_transfer_params": kv,
+        }
+
+    def _generate(self, prompt: list[int]) -> list[int]:
+        n = int(self.opts.output_tokens)
+        words = [f"w{(sum(prompt[-4:]) + i) % 50}" for i in range(n - 1)]
+        return [*self.cluster.vocab.encode(" ".join(words)), EOS]
+
+    def _hold(self, rid: str, prompt: list[int], out: list[int]) -> dict[str, Any]:
+        n = len(prompt) + len(out) - 1
+        blocks = self._blocks_for(n)
+        expiry = time.perf_counter() + self.opts.decode_ttl
+        self.cluster.held[(self.opts.engine_id, rid)] = Held([*prompt, *out][:n], blocks, expiry)
+        return {
+            "do_remote_prefill": False,
+            "do_remote_decode": True,
+            "remote_block_ids": [blocks],
+            "remote_engine_id": self.opts.engine_id,
+            "remote_request_id": rid,
+            "remote_host": self.opts.side_channel_host,
+            "remote_port": self.opts.side_channel_port,
+            "tp_size": 1,
+            "dcp_size": 1,
+            "pp_size": 1,
+            "remote_num_tokens": n,
+            "remote_blocks_expiry_time": expiry,
+            "transfer_mode": "pull",
+        }
+
+    async def _decode(self, req: web.Request, body: dict[str, Any], chat: bool) -> web.StreamResponse:
+        prompt = self.prompt_ids(body, chat)
+        rid = f"cmpl-{self.opts.engine_id}-{next(self._ids)}"
+        out = self._generate(prompt)
+        ids = bool(body.get("return_token_ids"))
+        await asyncio.sleep(self.opts.first_token_delay)
+        if not body.get("stream"):
+            await asyncio.sleep(self.opts.token_delay * (len(out) - 1))
+            kv = self._hold(rid, prompt, out)
+            return web.Response(
+                body=orjson.dumps(self._full(rid, body, chat, prompt, out, kv, "stop")),
+                content_type="application/json",
+            )
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(req)
+        created = int(time.time())
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(choice: dict[str, Any], **extra: Any) -> bytes:
+            c: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": body.get("model")}
+            c["choices"] = [choice]
+            c.update(extra)
+            return b"data: " + orjson.dumps(c) + b"\n\n"
+
+        if chat:
+            first: dict[str, Any] = {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            await resp.write(chunk(first, **({"prompt_token_ids": prompt} if ids else {})))
+        for i, tok in enumerate(out):
+            if i:
+                await asyncio.sleep(self.opts.token_delay)
+            last = i == len(out) - 1
+            text = "" if tok == EOS else self.cluster.vocab.decode([tok]) + " "
+            choice: dict[str, Any] = {"index": 0}
+            if chat:
+                choice["delta"] = {"content": text}
+            else:
+                choice["text"] = text
+                if i == 0 and ids:
+                    choice["prompt_token_ids"] = prompt
+            choice["logprobs"] = None
+            choice["finish_reason"] = "stop" if last else None
+            if last:
+                choice["stop_reason"] = None
+            if ids:
+                choice["token_ids"] = [tok]
+            extra: dict[str, Any] = {}
+            if last:
+                kv = self._hold(rid, prompt, out)
+                if self.opts.kv_in_stream:
+                    extra["kv_transfer_params"] = kv
+            await resp.write(chunk(choice, **extra))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+async def start_engine(
+    cluster: Cluster, opts: EngineOptions, host: str = "127.0.0.1", port: int = 0
+) -> tuple[FakeEngine, web.AppRunner, str]:
+    """Start a fake engine on loopback; returns it, its runner and its base URL."""
+    engine = FakeEngine(cluster, opts)
+    runner = web.AppRunner(engine.app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    sock = site._server.sockets[0]  # type: ignore[union-attr]
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    return engine, runner, f"http://{shown}:{bound}"

@@ -1,0 +1,107 @@
+"""The reference protocol end to end against fake engines."""
+
+from __future__ import annotations
+
+import orjson
+
+from pdx_router.policy import FRESH_PREFILL_KV
+
+from .conftest import StackFactory
+from .helpers import LONG, assistant, chat, stream_text, user
+
+
+async def test_first_turn_is_plain_pd_with_fresh_prefill_params(make_stack: StackFactory, http) -> None:
+    s = await make_stack()
+    status, headers, data = await chat(http, s.url, [user(LONG)])
+    assert status == 200
+    assert headers["X-PDX-Reuse"] == "miss"
+    path, pbody = s.prefill.requests[-1]
+    assert path == "/v1/chat/completions"
+    assert pbody["kv_transfer_params"] == FRESH_PREFILL_KV
+    assert pbody["max_tokens"] == 1 and pbody["max_completion_tokens"] == 1
+    assert pbody["stream"] is False and "conversation_id" not in pbody
+    _, dbody = s.decode.requests[-1]
+    assert dbody["kv_transfer_params"]["do_remote_prefill"] is True
+    assert dbody["kv_transfer_params"]["remote_engine_id"] == "prefill-0"
+    assert dbody["return_token_ids"] is True
+    assert "kv_transfer_params" not in data
+    assert "prompt_token_ids" not in data and "token_ids" not in data["choices"][0]
+
+
+async def test_second_turn_reuses_decode_blocks_exactly(make_stack: StackFactory, http) -> None:
+    s = await make_stack()
+    msgs = [user(LONG)]
+    _, _, data = await chat(http, s.url, msgs)
+    msgs += [assistant(data["choices"][0]["message"]["content"]), user("and then?")]
+    status, headers, _ = await chat(http, s.url, msgs)
+    assert status == 200
+    assert headers["X-PDX-Reuse"] == "hit"
+    assert int(headers["X-PDX-Reused-Tokens"]) > 80
+    assert [r.correct for r in s.cluster.reads] == [True]
+    kv = s.prefill.requests[-1][1]["kv_transfer_params"]
+    assert kv["remote_engine_id"] == "decode-0" and kv["do_remote_decode"] is True
+    assert kv["do_remote_prefill"] is False
+    stats = await (await http.get(s.url + "/v1/pdx/stats")).json()
+    assert stats["reuse"]["hit"] == 1 and stats["reuse"]["miss"] == 1
+    assert stats["reusedTokens"] == int(headers["X-PDX-Reused-Tokens"])
+    assert stats["interTurnGapSeconds"]["count"] == 1
+
+
+async def test_streamed_turns_strip_internals_and_still_reuse(make_stack: StackFactory, http) -> None:
+    s = await make_stack()
+    msgs = [user(LONG)]
+    status, headers, lines = await chat(http, s.url, msgs, stream=True)
+    assert status == 200 and lines[-1] == b"data: [DONE]"
+    for ln in lines:
+        assert b"token_ids" not in ln and b"kv_transfer_params" not in ln
+    text = stream_text(lines)
+    assert text.strip()
+    msgs += [assistant(text.strip()), user("more")]
+    status, headers, lines = await chat(http, s.url, msgs, stream=True)
+    assert headers["X-PDX-Reuse"] == "hit"
+    assert all(r.correct for r in s.cluster.reads) and s.cluster.reads
+
+
+async def test_client_asking_for_token_ids_keeps_them(make_stack: StackFactory, http) -> None:
+    s = await make_stack()
+    _, _, data = await chat(http, s.url, [user(LONG)], return_token_ids=True)
+    assert data["prompt_token_ids"] and data["choices"][0]["token_ids"]
+    assert "kv_transfer_params" not in data
+    _, _, lines = await chat(http, s.url, [user(LONG)], conversation="c2", stream=True, return_token_ids=True)
+    assert any(b'"token_ids"' in ln for ln in lines)
+    assert not any(b"kv_transfer_params" in ln for ln in lines)
+
+
+async def test_completions_endpoint_reuses_with_token_prompt(make_stack: StackFactory, http) -> None:
+    s = await make_stack()
+    body = {"model": "Qwen", "prompt": LONG, "conversation_id": "k", "max_tokens": 8}
+    async with http.post(s.url + "/v1/completions", json=body) as r:
+        first = orjson.loads(await r.read())
+        assert r.headers["X-PDX-Reuse"] == "miss"
+    assert "token_ids" not in first["choices"][0]
+    body["prompt"] = LONG + " " + first["choices"][0]["text"] + " next question"
+    async with http.post(s.url + "/v1/completions", json=body) as r:
+        assert r.status == 200
+        assert r.headers["X-PDX-Reuse"] == "hit"
+    assert s.cluster.reads and all(r.correct for r in s.cluster.reads)
+    # prefill and decode got the exact ids the prefix check compared
+    assert isinstance(s.prefill.requests[-1][1]["prompt"], list)
+    assert s.decode.requests[-1][1]["prompt"] == s.prefill.requests[-1][1]["prompt"]
+
+
+async def test_no_conversation_id_means_no_store(make_stack: StackFactory, http) -> None:
+    s = await make_stack()
+    _, headers, _ = await chat(http, s.url, [user(LONG)], conversation=None)
+    assert headers["X-PDX-Reuse"] == "none"
+    assert "return_token_ids" not in s.decode.requests[-1][1]
+    stats = await (await http.get(s.url + "/v1/pdx/stats")).json()
+    assert stats["entries"] == 0
+
+
+async def test_session_header_names_the_conversation(make_stack: StackFactory, http) -> None:
+    s = await make_stack()
+    msgs = [user(LONG)]
+    _, _, data = await chat(http, s.url, msgs, conversation=None, headers={"X-Session-ID": "s9"})
+    msgs += [assistant(data["choices"][0]["message"]["content"]), user("x")]
+    _, headers, _ = await chat(http, s.url, msgs, conversation=None, headers={"X-Session-ID": "s9"})
+    assert headers["X-PDX-Reuse"] == "hit"
