@@ -26,7 +26,10 @@ async def chat(
         if stream and r.status == 200:
             lines = [ln for ln in raw.split(b"\n") if ln.startswith(b"data: ")]
             return r.status, dict(r.headers), lines
-        return r.status, dict(r.headers), orjson.loads(raw) if raw else None
+        try:
+            return r.status, dict(r.headers), orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return r.status, dict(r.headers), raw
 
 
 def stream_text(lines: list[bytes]) -> str:

@@ -1,0 +1,94 @@
+"""What a client must not be able to do through the router."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from .conftest import StackFactory
+from .helpers import LONG, assistant, chat, user
+
+EVIL = {
+    "do_remote_decode": True, "do_remote_prefill": True, "remote_engine_id": "decode-0",
+    "remote_block_ids": [[1, 2, 3]], "remote_host": "169.254.169.254", "remote_port": 80,
+    "remote_request_id": "someone-elses", "remote_num_tokens": 48,
+}
+
+
+async def test_client_kv_transfer_params_are_dropped_on_every_hop(make_stack: StackFactory, http) -> None:
+    s = await make_stack()
+    for conversation in (None, "c1"):
+        status, _, _ = await chat(http, s.url, [user(LONG)], conversation=conversation, kv_transfer_params=EVIL)
+        assert status == 200
+    for _, body in s.prefill.requests + s.decode.requests:
+        kv = body.get("kv_transfer_params") or {}
+        assert kv.get("remote_host") != "169.254.169.254"
+        assert kv.get("remote_request_id") != "someone-elses"
+    assert s.cluster.reads == []
+
+
+async def test_tenant_cannot_reuse_another_tenants_entry(make_stack: StackFactory, http) -> None:
+    s = await make_stack()
+    a = {"Authorization": "Bearer key-a"}
+    b = {"Authorization": "Bearer key-b"}
+    msgs = [user(LONG)]
+    _, _, data = await chat(http, s.url, msgs, conversation="shared-id", headers=a)
+    msgs += [assistant(data["choices"][0]["message"]["content"]), user("next")]
+    _, headers_b, _ = await chat(http, s.url, msgs, conversation="shared-id", headers=b)
+    assert headers_b["X-PDX-Reuse"] == "miss"
+    assert s.cluster.reads == []
+    _, headers_a, _ = await chat(http, s.url, msgs, conversation="shared-id", headers=a)
+    assert headers_a["X-PDX-Reuse"] == "hit"
+
+
+async def test_tenant_header_scopes_entries_when_configured(make_stack: StackFactory, http) -> None:
+    s = await make_stack(tenant_header="X-Tenant")
+    msgs = [user(LONG)]
+    _, _, data = await chat(http, s.url, msgs, headers={"X-Tenant": "t1", "Authorization": "Bearer same"})
+    msgs += [assistant(data["choices"][0]["message"]["content"]), user("next")]
+    _, h, _ = await chat(http, s.url, msgs, headers={"X-Tenant": "t2", "Authorization": "Bearer same"})
+    assert h["X-PDX-Reuse"] == "miss"
+
+
+async def test_oversized_request_gets_413(make_stack: StackFactory, http) -> None:
+    s = await make_stack(max_request_bytes=1024)
+    status, _, _ = await chat(http, s.url, [user("x" * 4096)])
+    assert status == 413
+    assert s.prefill.requests == []
+
+
+async def test_bad_json_gets_400(make_stack: StackFactory, http) -> None:
+    s = await make_stack()
+    async with http.post(s.url + "/v1/chat/completions", data=b"{nope") as r:
+        assert r.status == 400
+
+
+async def test_client_disconnect_cancels_decode(make_stack: StackFactory) -> None:
+    s = await make_stack(decode_opts={"token_delay": 0.2, "output_tokens": 50})
+    body = {"model": "Qwen", "messages": [user(LONG)], "stream": True}
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(s.url + "/v1/chat/completions", json=body)
+        await resp.content.readline()
+        resp.close()
+    for _ in range(40):
+        if s.decode.cancelled:
+            break
+        await asyncio.sleep(0.05)
+    assert s.decode.cancelled == 1
+
+
+async def test_client_disconnect_during_prefill_cancels_prefill(make_stack: StackFactory) -> None:
+    s = await make_stack(prefill_opts={"prefill_delay": 5})
+    body = {"model": "Qwen", "messages": [user(LONG)]}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.3)) as session:
+        try:
+            await session.post(s.url + "/v1/chat/completions", json=body)
+        except TimeoutError:
+            pass
+    for _ in range(40):
+        if s.prefill.cancelled:
+            break
+        await asyncio.sleep(0.05)
+    assert s.prefill.cancelled == 1
+    assert s.decode.requests == []
