@@ -1,0 +1,166 @@
+"""Rendering: valid Kubernetes objects, one config for both roles, hashes that roll together."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from pdx.render import config_hash, render
+from pdx.render.engines import kv_transfer_config
+from pdx.resource import Target, load
+
+ROOT = Path(__file__).parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+K8S_VERSION = "1.37.0"
+
+
+def target(path: Path = ROOT / "examples" / "seed-qwen3-32b-1p1d.yaml", **changes: Any) -> Target:
+    doc = yaml.safe_load(path.read_text())
+    for dotted, value in changes.items():
+        node = doc
+        *parents, leaf = dotted.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return load(doc)
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+def container_arg(sts: dict[str, Any], flag: str) -> str:
+    args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
+    return str(args[args.index(flag) + 1])
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_every_rendered_object_validates_against_the_kubernetes_schema(path: Path) -> None:
+    uid_doc = yaml.safe_load(path.read_text())
+    uid_doc["metadata"]["uid"] = "0d2c3b3e-1111-2222-3333-444455556666"
+    for obj in render(load(uid_doc)):
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_both_roles_get_the_same_kv_transfer_config_but_for_role_and_engine_id() -> None:
+    t = target()
+    sets = by_kind(render(t), "StatefulSet")
+    configs = {name: json.loads(container_arg(s, "--kv-transfer-config")) for name, s in sets.items()}
+    prefill, decode = configs["qwen3-32b-prefill"], configs["qwen3-32b-decode"]
+    assert (prefill.pop("kv_role"), decode.pop("kv_role")) == ("kv_producer", "kv_consumer")
+    assert prefill == decode
+    assert prefill["kv_connector_extra_config"] == {
+        "backends": ["LIBFABRIC"],
+        "bidirectional_kv_xfer": True,
+        "decoder_kv_blocks_ttl": 480,
+        "kv_recompute_threshold": 64,
+    }
+    assert "kv_rank" not in prefill and "kv_parallel_size" not in prefill
+
+
+def test_ttl_and_threshold_come_from_the_spec() -> None:
+    t = target(spec__kvTransfer={"decoderKvBlocksTtlSeconds": 900, "kvRecomputeThreshold": 256, "bidirectional": False})
+    extra = kv_transfer_config(t, "decode")["kv_connector_extra_config"]
+    assert (extra["decoder_kv_blocks_ttl"], extra["kv_recompute_threshold"], extra["bidirectional_kv_xfer"]) == (
+        900,
+        256,
+        False,
+    )
+    router_cfg = json.loads(by_kind(render(t), "ConfigMap")["qwen3-32b-router"]["data"]["router.json"])
+    assert router_cfg["conversationTtlSeconds"] == 870
+    assert router_cfg["kvRecomputeThreshold"] == 256
+
+
+def test_engine_ids_are_unique_per_pod_and_side_channel_host_is_the_pod_ip() -> None:
+    sts = by_kind(render(target()), "StatefulSet")["qwen3-32b-decode"]
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    assert json.loads(container_arg(sts, "--kv-transfer-config"))["engine_id"] == "$(POD_NAME)-$(POD_UID)"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["value"] == "$(POD_IP)"
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    names = [e["name"] for e in container["env"]]
+    assert names.index("POD_IP") < names.index("VLLM_NIXL_SIDE_CHANNEL_HOST")  # $(VAR) needs it defined first
+
+
+def test_seed_setup_gets_efa_devices_gpus_and_libfabric_environment() -> None:
+    sts = by_kind(render(target()), "StatefulSet")["qwen3-32b-prefill"]
+    pod = sts["spec"]["template"]["spec"]
+    limits = pod["containers"][0]["resources"]["limits"]
+    assert (limits["nvidia.com/gpu"], limits["vpc.amazonaws.com/efa"]) == ("8", "16")
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert (env["FI_PROVIDER"], env["PDX_REQUIRE_EFA"]) == ("efa", "1")
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5en.48xlarge"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert "--no-enable-prefix-caching" in pod["containers"][0]["args"]  # benchmark profile: prefill only
+    decode = by_kind(render(target()), "StatefulSet")["qwen3-32b-decode"]
+    assert "--enable-prefix-caching" in decode["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_tp4_engines_take_half_a_node() -> None:
+    t = target(ROOT / "examples" / "qwen3-32b-2p2d.yaml")
+    limits = by_kind(render(t), "StatefulSet")["qwen3-32b-2p2d-decode"]["spec"]["template"]["spec"]["containers"][0][
+        "resources"
+    ]["limits"]
+    assert (limits["nvidia.com/gpu"], limits["vpc.amazonaws.com/efa"], limits["memory"]) == ("4", "8", "950Gi")
+
+
+def test_cpu_placement_uses_ucx_and_cpu_buffers_without_efa() -> None:
+    t = target(ROOT / "examples" / "local-cpu.yaml")
+    cfg = kv_transfer_config(t, "prefill")
+    assert (cfg["kv_buffer_device"], cfg["kv_connector_extra_config"]["backends"]) == ("cpu", ["UCX"])
+    pod = by_kind(render(t), "StatefulSet")["local-prefill"]["spec"]["template"]["spec"]
+    assert "nodeSelector" not in pod and "tolerations" not in pod
+    env = {e["name"] for e in pod["containers"][0]["env"]}
+    assert "FI_PROVIDER" not in env and "PDX_REQUIRE_EFA" not in env
+
+
+def test_a_kv_edit_rolls_both_roles_to_one_new_hash_and_scaling_does_not() -> None:
+    def hashes(t: Target) -> set[str]:
+        sets = by_kind(render(t), "StatefulSet").values()
+        return {s["spec"]["template"]["metadata"]["labels"]["pdx.dev/config-hash"] for s in sets}
+
+    before = hashes(target())
+    after_ttl = hashes(target(spec__kvTransfer={"decoderKvBlocksTtlSeconds": 600}))
+    scaled = hashes(target(spec__decode={"replicas": 3, "tensorParallelSize": 8}))
+    assert len(before) == len(after_ttl) == 1
+    assert before != after_ttl
+    assert scaled == before
+
+
+def test_children_are_owned_only_when_the_uid_is_known() -> None:
+    offline = render(target())
+    assert all("ownerReferences" not in o["metadata"] for o in offline)
+    doc = yaml.safe_load((ROOT / "examples" / "seed-qwen3-32b-1p1d.yaml").read_text())
+    doc["metadata"]["uid"] = "abc-123"
+    owned = render(load(doc))
+    refs = {o["metadata"]["ownerReferences"][0]["uid"] for o in owned}
+    assert refs == {"abc-123"}
+
+
+def test_every_child_carries_standard_labels_and_role() -> None:
+    for obj in render(target()):
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == "qwen3-32b"
+        assert labels["app.kubernetes.io/managed-by"] == "pdx-operator"
+        assert labels["app.kubernetes.io/component"]
+
+
+def test_engine_http_is_reachable_only_from_the_router() -> None:
+    policy = by_kind(render(target()), "NetworkPolicy")["qwen3-32b-engines"]["spec"]
+    http_rule, nixl_rule = policy["ingress"]
+    assert http_rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "router"
+    assert http_rule["ports"] == [{"protocol": "TCP", "port": 8000}]
+    assert nixl_rule["from"][0]["podSelector"]["matchLabels"]["pdx.dev/engine"] == "true"
+    assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "qwen3-32b"
+
+
+def test_router_config_carries_the_generation_the_engines_carry() -> None:
+    t = target()
+    cfg = json.loads(by_kind(render(t), "ConfigMap")["qwen3-32b-router"]["data"]["router.json"])
+    assert cfg["generation"] == config_hash(t)
+    assert cfg["servedModelName"] == "Qwen"
+    assert cfg["endpointsFile"] == "/etc/pdx/endpoints/endpoints.json"

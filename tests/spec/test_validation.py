@@ -1,0 +1,127 @@
+"""The models and the API server (schema + CEL) accept and reject the same specs, naming the field."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pdx.resource import SpecError, parse_spec
+
+from tests.spec.k8s_api import api_server_errors
+
+EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
+BASE: dict[str, Any] = {"model": {"name": "Qwen/Qwen3-32B"}}
+
+
+def with_(patch: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(BASE)
+    for dotted, value in patch.items():
+        node = out
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+# (what is wrong, the spec patch, the field both must name)
+INVALID = [
+    ("TTL below 1", {"kvTransfer.decoderKvBlocksTtlSeconds": 0}, "spec.kvTransfer.decoderKvBlocksTtlSeconds"),
+    ("negative threshold", {"kvTransfer.kvRecomputeThreshold": -1}, "spec.kvTransfer.kvRecomputeThreshold"),
+    ("unknown backend", {"kvTransfer.backends": ["TCP"]}, "spec.kvTransfer.backends.0"),
+    ("typo in a field name", {"kvTransfer.decoderTtl": 100}, "spec.kvTransfer.decoderTtl"),
+    ("missing model", {"model": None}, "spec.model"),
+    (
+        "router TTL not below decoder TTL minus the decline window",
+        {"kvTransfer.decoderKvBlocksTtlSeconds": 100, "router.conversationTtlSeconds": 96},
+        "spec.router.conversationTtlSeconds",
+    ),
+    ("prefill TP beyond the node's GPUs", {"prefill.tensorParallelSize": 16}, "spec.prefill.tensorParallelSize"),
+    (
+        "decode TP beyond an override of GPUs per node",
+        {"placement.gpusPerNode": 4, "decode.tensorParallelSize": 8},
+        "spec.decode.tensorParallelSize",
+    ),
+    (
+        "TP sizes that do not divide one another",
+        {"prefill.tensorParallelSize": 8, "decode.tensorParallelSize": 3},
+        "spec.decode.tensorParallelSize",
+    ),
+    (
+        "recompute policy with bidirectional on",
+        {"kvTransfer.loadFailurePolicy": "recompute"},
+        "spec.kvTransfer.loadFailurePolicy",
+    ),
+    (
+        "unknown instance type without GPU counts",
+        {"placement.instanceType": "g6.xlarge"},
+        "spec.placement.instanceType",
+    ),
+    (
+        "LIBFABRIC without EFA",
+        {"placement.instanceType": "cpu", "kvTransfer.backends": ["LIBFABRIC"]},
+        "spec.kvTransfer.backends",
+    ),
+    ("redis store without URL", {"router.store": {"kind": "redis"}}, "spec.router.store.url"),
+    ("two routers without a shared store", {"router.replicas": 2}, "spec.router.replicas"),
+]
+
+
+def _clean(spec: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in spec.items() if v is not None}
+
+
+@pytest.mark.parametrize(("why", "patch", "field"), INVALID, ids=[c[0] for c in INVALID])
+def test_models_and_api_server_reject_the_same_input_naming_the_field(
+    why: str, patch: dict[str, Any], field: str
+) -> None:
+    spec = _clean(with_(patch))
+    with pytest.raises(SpecError) as err:
+        parse_spec(spec)
+    assert any(p.startswith(field) for p in err.value.problems), err.value.problems
+    assert field in api_server_errors(spec), why
+
+
+VALID = [
+    ("minimal", {}),
+    ("xPyD with TP ratio 2", {"prefill.tensorParallelSize": 8, "decode.tensorParallelSize": 4}),
+    ("router TTL at the limit", {"kvTransfer.decoderKvBlocksTtlSeconds": 100, "router.conversationTtlSeconds": 95}),
+    (
+        "unknown instance type with counts",
+        {"placement": {"instanceType": "g6e.48xlarge", "gpusPerNode": 8, "efaDevicesPerNode": 0}},
+    ),
+    (
+        "recompute with bidirectional off",
+        {"kvTransfer.bidirectional": False, "kvTransfer.loadFailurePolicy": "recompute"},
+    ),
+    ("two routers on redis", {"router.replicas": 2, "router.store": {"kind": "redis", "url": "redis://r:6379/0"}}),
+]
+
+
+@pytest.mark.parametrize(("why", "patch"), VALID, ids=[c[0] for c in VALID])
+def test_models_and_api_server_accept_the_same_valid_input(why: str, patch: dict[str, Any]) -> None:
+    spec = with_(patch)
+    parse_spec(spec)
+    assert api_server_errors(spec) == [], why
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_every_example_is_accepted_by_models_and_api_server(path: Path) -> None:
+    spec = yaml.safe_load(path.read_text())["spec"]
+    parse_spec(spec)
+    assert api_server_errors(spec) == []
+
+
+def test_defaults_of_the_models_equal_the_crd_defaults() -> None:
+    from tests.spec.k8s_api import apply_defaults, spec_schema
+
+    models = parse_spec(BASE).model_dump(by_alias=True, exclude_none=True, mode="json")
+    assert apply_defaults(BASE, spec_schema()) == models
+
+
+def test_router_ttl_defaults_to_decoder_ttl_minus_margin() -> None:
+    assert parse_spec(BASE).router_ttl == 450
+    assert parse_spec(with_({"kvTransfer.decoderKvBlocksTtlSeconds": 20})).router_ttl == 15
