@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from pdx.crd import crd_yaml
 
 ROOT = Path(__file__).parents[2]

@@ -9,6 +9,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+
 from pdx.render import config_hash, render
 from pdx.render.engines import kv_transfer_config
 from pdx.resource import Target, load

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 import yaml
-from pdx.resource import SpecError, parse_spec
 
+from pdx.resource import SpecError, parse_spec
 from tests.spec.k8s_api import api_server_errors
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
