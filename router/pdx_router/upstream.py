@@ -16,6 +16,7 @@ import orjson
 
 from .endpoints import Endpoint
 
+_JSON = {"Content-Type": "application/json"}
 _KV_MARK = b'"kv_transfer_params":'
 _ID_FIELDS = (b'"prompt_token_ids":', b'"token_ids":')
 
@@ -170,7 +171,7 @@ class Upstream:
     async def post_json(self, ep: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         """POST and return the JSON answer; 4xx -> ClientFacingError, else UpstreamError."""
         try:
-            async with self._s().post(ep.url + path, data=orjson.dumps(body), headers=headers) as resp:
+            async with self._s().post(ep.url + path, data=orjson.dumps(body), headers={**headers, **_JSON}) as resp:
                 raw = await resp.read()
                 if resp.status >= 500:
                     raise UpstreamError(ep, resp.status, raw[:300].decode(errors="replace"))
@@ -185,7 +186,7 @@ class Upstream:
 
     def open(self, ep: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
         """Start a request whose answer is read incrementally (the decode hop)."""
-        return self._s().post(ep.url + path, data=orjson.dumps(body), headers=headers)
+        return self._s().post(ep.url + path, data=orjson.dumps(body), headers={**headers, **_JSON})
 
     async def get(self, url: str, timeout: float) -> tuple[int, bytes]:
         async with self._s().get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:

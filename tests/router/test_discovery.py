@@ -52,8 +52,13 @@ async def test_rollout_pairs_only_engines_of_one_generation(make_stack: StackFac
     ]
     path.write_text(json.dumps({"endpoints": eps}))
     s = await make_stack(
-        cluster=old.cluster, n_prefill=0, n_decode=0, generation="new",
-        prefill=(), decode=(), endpoints_file=str(path),
+        cluster=old.cluster,
+        n_prefill=0,
+        n_decode=0,
+        generation="new",
+        prefill=(),
+        decode=(),
+        endpoints_file=str(path),
     )
     # "new" has no decode yet: serve from "old", never new prefill + old decode
     status, _, _ = await chat(http, s.url, [user(LONG)], conversation=None)

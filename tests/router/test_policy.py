@@ -28,10 +28,15 @@ def ep(role: str, url: str, gen: str = "g1", healthy: bool = True, load: int = 0
 
 def entry(tokens: list[int], blocks: int, block_size: int | None = 4, deadline: float = 100.0) -> Entry:
     kv = {
-        "do_remote_prefill": False, "do_remote_decode": True,
-        "remote_block_ids": [list(range(10, 10 + blocks))], "remote_engine_id": "decode-0",
-        "remote_request_id": "r", "remote_host": "10.0.0.2", "remote_port": 5700,
-        "remote_num_tokens": len(tokens), "remote_blocks_expiry_time": 9.0,
+        "do_remote_prefill": False,
+        "do_remote_decode": True,
+        "remote_block_ids": [list(range(10, 10 + blocks))],
+        "remote_engine_id": "decode-0",
+        "remote_request_id": "r",
+        "remote_host": "10.0.0.2",
+        "remote_port": 5700,
+        "remote_num_tokens": len(tokens),
+        "remote_blocks_expiry_time": 9.0,
     }
     return Entry(kv, tokens, "http://d0", "g1", 0.0, deadline, block_size)
 
@@ -43,9 +48,14 @@ def test_configured_generation_preferred_when_it_has_a_pair() -> None:
 
 def test_generation_with_most_pairs_when_configured_has_none() -> None:
     eps = [
-        ep("prefill", "p1", "old"), ep("prefill", "p2", "old"), ep("decode", "d1", "old"),
-        ep("decode", "d2", "old"), ep("prefill", "p3", "mid"), ep("decode", "d3", "mid"),
-        ep("prefill", "p4", "new"), ep("decode", "d4", "new", healthy=False),
+        ep("prefill", "p1", "old"),
+        ep("prefill", "p2", "old"),
+        ep("decode", "d1", "old"),
+        ep("decode", "d2", "old"),
+        ep("prefill", "p3", "mid"),
+        ep("decode", "d3", "mid"),
+        ep("prefill", "p4", "new"),
+        ep("decode", "d4", "new", healthy=False),
     ]
     assert choose_generation(eps, "new") == "old"
 
@@ -56,7 +66,12 @@ def test_no_generation_without_a_healthy_pair() -> None:
 
 
 def test_prefill_and_decode_never_cross_generations() -> None:
-    eps = [ep("prefill", "p-old", "old"), ep("decode", "d-old", "old"), ep("prefill", "p-new", "new"), ep("decode", "d-new", "new")]
+    eps = [
+        ep("prefill", "p-old", "old"),
+        ep("decode", "d-old", "old"),
+        ep("prefill", "p-new", "new"),
+        ep("decode", "d-new", "new"),
+    ]
     assert choose_prefill(eps, "new").url == "p-new"  # type: ignore[union-attr]
     assert choose_decode(eps, "new", affinity_url="d-old").url == "d-new"  # type: ignore[union-attr]
 
@@ -75,7 +90,7 @@ def test_decode_affinity_only_when_healthy() -> None:
 
 def test_exact_extension_reuses_everything_decode_holds() -> None:
     held = list(range(100, 140))
-    plan = plan_reuse(entry(held, 10), held + [7, 8, 9], threshold=8)
+    plan = plan_reuse(entry(held, 10), [*held, 7, 8, 9], threshold=8)
     assert plan.outcome is Outcome.HIT and plan.tokens == 40
     assert plan.kv is not None and plan.kv["remote_num_tokens"] == 40
     assert plan.kv["remote_block_ids"] == [list(range(10, 20))]
@@ -83,7 +98,7 @@ def test_exact_extension_reuses_everything_decode_holds() -> None:
 
 def test_edited_history_lowers_tokens_and_cuts_blocks() -> None:
     held = list(range(100, 140))
-    prompt = held[:21] + [1, 2, 3] + held[24:] + [5]
+    prompt = [*held[:21], 1, 2, 3, *held[24:], 5]
     plan = plan_reuse(entry(held, 10), prompt, threshold=8)
     assert plan.outcome is Outcome.HIT and plan.tokens == 21
     assert plan.kv is not None and plan.kv["remote_num_tokens"] == 21
@@ -100,13 +115,13 @@ def test_truncated_history_reuses_only_the_kept_prefix() -> None:
 
 def test_edit_near_the_start_skips_reuse_as_prefix_mismatch() -> None:
     held = list(range(100, 140))
-    plan = plan_reuse(entry(held, 10), [1] + held[1:] + [3], threshold=8)
+    plan = plan_reuse(entry(held, 10), [1, *held[1:], 3], threshold=8)
     assert plan.outcome is Outcome.PREFIX_MISMATCH and plan.kv is None
 
 
 def test_short_conversation_is_below_threshold() -> None:
     held = list(range(100, 105))
-    plan = plan_reuse(entry(held, 2), held + [1, 2], threshold=8)
+    plan = plan_reuse(entry(held, 2), [*held, 1, 2], threshold=8)
     assert plan.outcome is Outcome.BELOW_THRESHOLD and plan.kv is None
 
 
@@ -115,7 +130,7 @@ def test_unknown_block_size_refuses_to_cut() -> None:
     plan = plan_reuse(entry(held, 3, block_size=None), held[:30], threshold=8)
     # 40 tokens in 3 blocks fits block sizes 16 only -> inferable; 30 tokens -> 2 blocks
     assert plan.kv is not None and plan.kv["remote_block_ids"] == [[10, 11]]
-    ambiguous = plan_reuse(entry(held[:10], 1, block_size=None), held[:9] + [0], threshold=2)
+    ambiguous = plan_reuse(entry(held[:10], 1, block_size=None), [*held[:9], 0], threshold=2)
     assert ambiguous.outcome is Outcome.PREFIX_MISMATCH
 
 
@@ -131,7 +146,9 @@ def test_entry_checks_deadline_holder_and_generation() -> None:
 
 
 def test_client_kv_transfer_params_never_survive() -> None:
-    body, wants = clean_client_body({"messages": [], "kv_transfer_params": {"remote_host": "evil"}, "conversation_id": "x"})
+    body, wants = clean_client_body(
+        {"messages": [], "kv_transfer_params": {"remote_host": "evil"}, "conversation_id": "x"}
+    )
     assert "kv_transfer_params" not in body and "conversation_id" not in body and not wants
     p = prefill_body(body, True, None)
     assert p["kv_transfer_params"] == FRESH_PREFILL_KV
@@ -140,7 +157,9 @@ def test_client_kv_transfer_params_never_survive() -> None:
 
 
 def test_prefill_body_is_one_token_unstreamed() -> None:
-    p = prefill_body({"stream": True, "stream_options": {"include_usage": True}, "max_tokens": 99, "min_tokens": 3}, False, None)
+    p = prefill_body(
+        {"stream": True, "stream_options": {"include_usage": True}, "max_tokens": 99, "min_tokens": 3}, False, None
+    )
     assert p["stream"] is False and p["max_tokens"] == 1 and "stream_options" not in p
     assert "min_tokens" not in p and "max_completion_tokens" not in p
 
@@ -154,7 +173,11 @@ def test_entry_holds_exactly_remote_num_tokens_ids() -> None:
 
 
 def test_tokenize_body_mirrors_chat_template_args_and_skips_media() -> None:
-    body = {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"enable_thinking": False}, "temperature": 0}
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "chat_template_kwargs": {"enable_thinking": False},
+        "temperature": 0,
+    }
     tok = tokenize_body(body, True, "Qwen")
     assert tok == {"messages": body["messages"], "chat_template_kwargs": {"enable_thinking": False}, "model": "Qwen"}
     media = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
@@ -163,7 +186,7 @@ def test_tokenize_body_mirrors_chat_template_args_and_skips_media() -> None:
 
 def test_prefix_helpers() -> None:
     a = list(range(1000))
-    b = a[:700] + [-1] + a[701:]
+    b = [*a[:700], -1, *a[701:]]
     assert common_prefix_len(a, b) == 700
     assert common_prefix_len(a, a[:5]) == 5
     assert common_prefix_len([], a) == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import aiohttp
 
@@ -10,9 +11,14 @@ from .conftest import StackFactory
 from .helpers import LONG, assistant, chat, user
 
 EVIL = {
-    "do_remote_decode": True, "do_remote_prefill": True, "remote_engine_id": "decode-0",
-    "remote_block_ids": [[1, 2, 3]], "remote_host": "169.254.169.254", "remote_port": 80,
-    "remote_request_id": "someone-elses", "remote_num_tokens": 48,
+    "do_remote_decode": True,
+    "do_remote_prefill": True,
+    "remote_engine_id": "decode-0",
+    "remote_block_ids": [[1, 2, 3]],
+    "remote_host": "169.254.169.254",
+    "remote_port": 80,
+    "remote_request_id": "someone-elses",
+    "remote_num_tokens": 48,
 }
 
 
@@ -82,10 +88,8 @@ async def test_client_disconnect_during_prefill_cancels_prefill(make_stack: Stac
     s = await make_stack(prefill_opts={"prefill_delay": 5})
     body = {"model": "Qwen", "messages": [user(LONG)]}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.3)) as session:
-        try:
+        with contextlib.suppress(TimeoutError):
             await session.post(s.url + "/v1/chat/completions", json=body)
-        except TimeoutError:
-            pass
     for _ in range(40):
         if s.prefill.cancelled:
             break

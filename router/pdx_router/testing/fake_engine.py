@@ -377,3 +377,41 @@ async def start_engine(
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     return engine, runner, f"http://{shown}:{bound}"
+
+
+async def _serve_pair(args: Any) -> None:
+    cluster = Cluster()
+    common = {
+        "first_token_delay": args.first_token_delay,
+        "token_delay": args.token_delay,
+        "output_tokens": args.output_tokens,
+        "prefill_delay": args.prefill_delay,
+    }
+    await start_engine(cluster, EngineOptions("prefill", "prefill-0", **common), port=args.prefill_port)
+    await start_engine(cluster, EngineOptions("decode", "decode-0", **common), port=args.decode_port)
+    print("fake engines ready", flush=True)
+    await asyncio.Event().wait()
+
+
+def main() -> None:
+    """`python -m pdx_router.testing.fake_engine`: a prefill and a decode in one process."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--prefill-port", type=int, required=True)
+    p.add_argument("--decode-port", type=int, required=True)
+    p.add_argument("--prefill-delay", type=float, default=0.02)
+    p.add_argument("--first-token-delay", type=float, default=0.005)
+    p.add_argument("--token-delay", type=float, default=0.002)
+    p.add_argument("--output-tokens", type=int, default=16)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(_serve_pair(p.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

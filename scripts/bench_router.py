@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""Added TTFT of pdx-router vs talking to the engines directly, and vs vLLM's example proxy.
+
+Fake engines (fixed delays, real protocol payloads) run in one subprocess, each router in its
+own, the load generator here. Conversations are multi-turn and streamed; "direct" does the two
+P/D hops itself, so (router TTFT - direct TTFT) is what the router adds. The upstream example
+proxy is taken from the vLLM sdist on PyPI at run time (never committed) and skipped with a
+reason if it cannot be obtained.
+
+    .venv/bin/python scripts/bench_router.py [--turns 5] [--upstream-proxy PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+PY = sys.executable
+CACHE = Path(tempfile.gettempdir()) / "pdx-bench-upstream" / "disagg_proxy_multiturn.py"
+PLAIN = False  # --plain: no conversation id, so no store and no tokenize hop
+FILLER = " ".join(f"word{i}" for i in range(300))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get_upstream_proxy(explicit: str | None) -> tuple[Path | None, str]:
+    """The example proxy from the vLLM sdist: pip keeps the unpacked tree after failing."""
+    if explicit:
+        return Path(explicit), "given"
+    if CACHE.exists():
+        return CACHE, "cached"
+    for mod in ("fastapi", "uvicorn", "httpx"):
+        try:
+            __import__(mod)
+        except ImportError:
+            return None, f"{mod} is not installed (pip install fastapi uvicorn httpx)"
+    tmp = tempfile.mkdtemp(prefix="pdx-bench-sdist-")
+    try:
+        subprocess.run(
+            [PY, "-m", "pip", "download", "--no-clean", "--no-deps", "--no-binary", ":all:", "vllm==0.33.0", "-d", tmp],
+            env={**os.environ, "TMPDIR": tmp},
+            capture_output=True,
+            timeout=150,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return None, "pip download of the vLLM sdist timed out"
+    found = glob.glob(f"{tmp}/pip-download-*/*/examples/disaggregated/disaggregated_serving/disagg_proxy_multiturn.py")
+    if not found:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return None, "the vLLM sdist did not contain the example proxy (or PyPI unreachable)"
+    CACHE.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(found[0], CACHE)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return CACHE, "downloaded"
+
+
+async def wait_http(url: str, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    async with aiohttp.ClientSession() as s:
+        while time.time() < deadline:
+            try:
+                async with s.get(url) as r:
+                    if r.status < 500:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+Turn = Callable[[aiohttp.ClientSession, dict[str, Any]], Awaitable[float]]
+
+
+async def first_token(resp: aiohttp.ClientResponse, t0: float) -> float:
+    """Time to the first chunk that carries generated text; drains the rest."""
+    ttft = 0.0
+    async for line in resp.content:
+        if not ttft and line.startswith(b"data: {") and b'"content":"' in line and b'"content":""' not in line:
+            ttft = time.perf_counter() - t0
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}")
+    return ttft
+
+
+def via_proxy(url: str) -> Turn:
+    async def turn(s: aiohttp.ClientSession, body: dict[str, Any]) -> float:
+        t0 = time.perf_counter()
+        async with s.post(
+            url + "/v1/chat/completions", data=orjson.dumps(body), headers={"Content-Type": "application/json"}
+        ) as r:
+            return await first_token(r, t0)
+
+    return turn
+
+
+def direct(prefill: str, decode: str) -> Turn:
+    """The client does both hops itself: the floor any router is measured against."""
+
+    async def turn(s: aiohttp.ClientSession, body: dict[str, Any]) -> float:
+        t0 = time.perf_counter()
+        b = {k: v for k, v in body.items() if k != "conversation_id"}
+        p = {
+            **b,
+            "stream": False,
+            "max_tokens": 1,
+            "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False},
+        }
+        async with s.post(prefill + "/v1/chat/completions", data=orjson.dumps(p)) as r:
+            kv = orjson.loads(await r.read())["kv_transfer_params"]
+        async with s.post(decode + "/v1/chat/completions", data=orjson.dumps({**b, "kv_transfer_params": kv})) as r:
+            return await first_token(r, t0)
+
+    return turn
+
+
+async def conversation(s: aiohttp.ClientSession, turn: Turn, cid: str, turns: int, out: list[float]) -> None:
+    msgs: list[dict[str, str]] = [{"role": "user", "content": f"{cid} {FILLER}"}]
+    for i in range(turns):
+        body: dict[str, Any] = {"model": "Qwen", "messages": msgs, "stream": True, "max_tokens": 16}
+        if not PLAIN:
+            body["conversation_id"] = cid
+        out.append(await turn(s, body))
+        msgs = [*msgs, {"role": "assistant", "content": f"answer {i}"}, {"role": "user", "content": f"question {i}"}]
+
+
+async def run(turn: Turn, conc: int, turns: int, tag: str) -> tuple[list[float], float]:
+    ttfts: list[float] = []
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn) as s:
+        await conversation(s, turn, f"warm-{tag}-{conc}", 2, [])
+        t0 = time.perf_counter()
+        await asyncio.gather(*(conversation(s, turn, f"{tag}-{conc}-{i}", turns, ttfts) for i in range(conc)))
+        wall = time.perf_counter() - t0
+    return ttfts, len(ttfts) / wall
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))] * 1000
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    procs: list[subprocess.Popen[bytes]] = []
+    pp, dp, rp, up = free_port(), free_port(), free_port(), free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        procs.append(
+            subprocess.Popen(
+                [
+                    PY,
+                    "-m",
+                    "pdx_router.testing.fake_engine",
+                    "--prefill-port",
+                    str(pp),
+                    "--decode-port",
+                    str(dp),
+                    "--prefill-delay",
+                    str(args.prefill_ms / 1000),
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+            )
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    PY,
+                    "-m",
+                    "pdx_router.main",
+                    "--port",
+                    str(rp),
+                    "--host",
+                    "127.0.0.1",
+                    "--prefill",
+                    f"http://127.0.0.1:{pp}",
+                    "--decode",
+                    f"http://127.0.0.1:{dp}",
+                    "--model",
+                    "Qwen",
+                    "--log-level",
+                    "WARNING",
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+            )
+        )
+        targets: dict[str, Turn] = {
+            "direct": direct(f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}"),
+            "pdx-router": via_proxy(f"http://127.0.0.1:{rp}"),
+        }
+        path, why = get_upstream_proxy(args.upstream_proxy)
+        if path is not None:
+            procs.append(
+                subprocess.Popen(
+                    [
+                        PY,
+                        str(path),
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(up),
+                        "--prefiller-host",
+                        "127.0.0.1",
+                        "--prefiller-port",
+                        str(pp),
+                        "--decoder-host",
+                        "127.0.0.1",
+                        "--decoder-port",
+                        str(dp),
+                    ],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+            targets["vllm-example"] = via_proxy(f"http://127.0.0.1:{up}")
+        else:
+            print(f"(c) vLLM example proxy skipped: {why}")
+        await wait_http(f"http://127.0.0.1:{pp}/health")
+        await wait_http(f"http://127.0.0.1:{rp}/ready")
+        if "vllm-example" in targets:
+            try:
+                await wait_http(f"http://127.0.0.1:{up}/health")
+            except RuntimeError:
+                print("(c) vLLM example proxy skipped: it did not start")
+                del targets["vllm-example"]
+        print(
+            f"fake engines: prefill {args.prefill_ms} ms, decode 5 ms to first token, "
+            f"2 ms/token, 16 tokens; {args.turns} streamed turns per conversation\n"
+        )
+        head = f"{'conc':>4} {'target':<13} {'TTFT p50':>9} {'p99':>8} {'added p50':>10} {'added p99':>10} {'req/s':>7}"
+        print(head)
+        print("-" * len(head))
+        for conc in args.concurrency:
+            base: tuple[float, float] | None = None
+            for name, turn in targets.items():
+                ttfts, rps = await run(turn, conc, args.turns, name)
+                p50, p99 = pct(ttfts, 0.5), pct(ttfts, 0.99)
+                if base is None:
+                    base = (p50, p99)
+                added = "" if name == "direct" else f"{p50 - base[0]:>+10.2f} {p99 - base[1]:>+10.2f}"
+                print(f"{conc:>4} {name:<13} {p50:>9.2f} {p99:>8.2f} {added:>21} {rps:>7.1f}")
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--prefill-ms", type=float, default=20.0)
+    ap.add_argument("--upstream-proxy", help="path to disagg_proxy_multiturn.py (skips download)")
+    ap.add_argument("--plain", action="store_true", help="send no conversation id")
+    args = ap.parse_args()
+    global PLAIN
+    PLAIN = args.plain
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
