@@ -29,6 +29,9 @@ _VOCAB_SIZE = 8192
 _SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 _CORPUS_SEED = 20240607
 _CORPUS_SENTENCES = 40_000
+_WEIGHTS_SEED = 1234
+_WEIGHT_STD = 0.1
+_EMBED_STD = 0.02
 
 # ChatML, the format of the Qwen family; add_generation_prompt opens the assistant turn.
 CHAT_TEMPLATE = (
@@ -132,12 +135,18 @@ def _corpus() -> Iterator[str]:
         yield " ".join(words) + rng.choice(punct) + ("\n" if rng.random() < 0.3 else " ")
 
 
-def _inputs_digest(size: Size) -> str:
+def _inputs_digest(size: Size, weights: bool) -> str:
     """Hash of everything that determines the output (without generating the corpus)."""
     import tokenizers
 
+    extra: dict[str, Any] = {}
+    if weights:
+        import torch
+
+        extra = {"weights_seed": _WEIGHTS_SEED, "std": _WEIGHT_STD, "torch": torch.__version__}
     material = json.dumps(
         {
+            **extra,
             "builder": _BUILDER_VERSION,
             "config": model_config(size),
             "template": CHAT_TEMPLATE,
@@ -170,18 +179,60 @@ def _train_tokenizer() -> Any:
     return tok
 
 
+def _write_weights(path: Path, config: dict[str, Any]) -> None:
+    """Seeded random float32 weights, scaled so that outputs depend on the context.
+
+    vLLM's ``--load-format dummy`` draws every weight (norms included) from +-1e-3: logits come
+    out flat and independent of the prompt, so serving from wrong KV changes no output and
+    a correctness test could not fail. These weights make attention matter.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(_WEIGHTS_SEED)
+    h, inter = config["hidden_size"], config["intermediate_size"]
+    hd, nq, nkv = config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"]
+
+    def rand(*shape: int, std: float = _WEIGHT_STD) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float32) * std
+
+    tensors = {"model.embed_tokens.weight": rand(config["vocab_size"], h, std=_EMBED_STD),
+               "model.norm.weight": torch.ones(h)}
+    for i in range(config["num_hidden_layers"]):
+        pre = f"model.layers.{i}."
+        tensors |= {
+            pre + "input_layernorm.weight": torch.ones(h),
+            pre + "post_attention_layernorm.weight": torch.ones(h),
+            pre + "self_attn.q_norm.weight": torch.ones(hd),
+            pre + "self_attn.k_norm.weight": torch.ones(hd),
+            pre + "self_attn.q_proj.weight": rand(nq * hd, h),
+            pre + "self_attn.k_proj.weight": rand(nkv * hd, h),
+            pre + "self_attn.v_proj.weight": rand(nkv * hd, h),
+            pre + "self_attn.o_proj.weight": rand(h, nq * hd),
+            pre + "mlp.gate_proj.weight": rand(inter, h),
+            pre + "mlp.up_proj.weight": rand(inter, h),
+            pre + "mlp.down_proj.weight": rand(h, inter),
+        }
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
 def _write(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def build_local_model(root: Path, size: Size = "tiny") -> Path:
+def build_local_model(root: Path, size: Size = "tiny", weights: bool = False) -> Path:
     """Return the model directory under ``root``, building it first if it is not there.
+
+    ``weights``: also write seeded random ``model.safetensors`` (serve it without
+    ``--load-format dummy``) for tests that compare outputs; dummy weights cannot tell
+    right KV from wrong KV.
 
     The build goes to a temporary sibling and is renamed into place, so concurrent callers
     and interrupted builds never leave a half-written model that a later run would trust.
     """
     config = model_config(size)
-    target = Path(root) / f"pdx-qwen3-{size}-{_inputs_digest(size)}"
+    kind = f"{size}-w" if weights else size
+    target = Path(root) / f"pdx-qwen3-{kind}-{_inputs_digest(size, weights)}"
     if (target / "tokenizer.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -196,6 +247,8 @@ def build_local_model(root: Path, size: Size = "tiny") -> Path:
                 raise RuntimeError(f"special token {special} is not id {i}")
         tok.save(str(work / "tokenizer.json"))
         _write(work / "config.json", config)
+        if weights:
+            _write_weights(work / "model.safetensors", config)
         _write(
             work / "tokenizer_config.json",
             {
@@ -240,8 +293,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m pdx.localmodel", description=__doc__)
     parser.add_argument("root", type=Path, help="directory that holds built models")
     parser.add_argument("--size", choices=sorted(_SHAPES), default="tiny")
+    parser.add_argument("--weights", action="store_true", help="write seeded random weights")
     args = parser.parse_args(argv)
-    print(build_local_model(args.root, args.size))
+    print(build_local_model(args.root, args.size, args.weights))
 
 
 if __name__ == "__main__":
