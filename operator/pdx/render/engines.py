@@ -18,6 +18,7 @@ from pdx.resource import Target
 ENGINE_ENTRYPOINT = "/usr/local/bin/pdx-engine-entrypoint"
 # Kubernetes expands $(VAR) in args from the container's env; the local runtime does the same.
 PORT_ENV = "PDX_HTTP_PORT"
+HOST_ENV = "PDX_HTTP_HOST"
 KV_ROLE: dict[Role, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
 
 
@@ -47,7 +48,7 @@ def serve_args(target: Target, role: Role) -> list[str]:
     args = [
         model.name,
         "--served-model-name", model.served_name,
-        "--host", "0.0.0.0",
+        "--host", f"$({HOST_ENV})",
         "--port", f"$({PORT_ENV})",
         "--tensor-parallel-size", str(spec.role(role).tensor_parallel_size),
         "--dtype", model.dtype,
@@ -78,6 +79,7 @@ def engine_env(target: Target, role: Role) -> list[dict[str, Any]]:
         _field_env("POD_NAME", "metadata.name"),
         _field_env("POD_UID", "metadata.uid"),
         _field_env("POD_IP", "status.podIP"),
+        {"name": HOST_ENV, "value": "0.0.0.0"},
         {"name": PORT_ENV, "value": str(HTTP_PORT)},
         # What the engine advertises as remote_host: must be the pod IP, not localhost.
         {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "$(POD_IP)"},

@@ -24,10 +24,11 @@ class Endpoint:
     name: str
     ip: str
     generation: str
+    port: int = HTTP_PORT
 
     def url(self) -> str:
         host = f"[{self.ip}]" if ":" in self.ip else self.ip
-        return f"http://{host}:{HTTP_PORT}"
+        return f"http://{host}:{self.port}"
 
 
 def router_config(target: Target, config_hash: str) -> dict[str, Any]:

@@ -1,0 +1,262 @@
+"""Run a DisaggregatedInference on this machine: rendered pods as processes on loopback.
+
+`LocalTopology(document)` renders the CR with the operator's own code, starts every engine
+pod and the router as processes (see `plan`), waits for health, and ends exactly the
+processes it started. Tests, `pdx local` and `pdx bench` use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from pdx.local.plan import LOOPBACK, Layout, LocalProcess, Ports, engine_process, map_paths, router_process
+from pdx.render import render
+from pdx.render.meta import ROLES, config_hash
+from pdx.render.router import ENDPOINTS_FILE, Endpoint, endpoints_configmap
+from pdx.resource import Target, load
+
+# Model names the local runtime builds itself (no hub): name -> (size, seeded weights).
+LOCAL_MODELS: dict[str, tuple[str, bool]] = {
+    "pdx-tiny": ("tiny", False),
+    "pdx-tiny-w": ("tiny", True),
+    "pdx-small": ("small", False),
+    "pdx-small-w": ("small", True),
+}
+STATE_ENV = "PDX_LOCAL_STATE"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("PDX_CACHE", Path.home() / ".cache" / "pdx"))
+
+
+def free_port(preferred: int | None = None) -> int:
+    """`preferred` when it is free, else one the kernel picks."""
+    for candidate in ([preferred] if preferred else []) + [0]:
+        with socket.socket() as s:
+            try:
+                s.bind((LOOPBACK, candidate))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    raise RuntimeError("no free port on loopback")
+
+
+def ensure_model(target: Target, model_cache: Path) -> Path:
+    """The model directory the engines will read; builds pdx's local models on first use."""
+    spec = target.spec
+    local = Path(map_paths(spec.model.name, {spec.model_cache.mount_path: str(model_cache)}))
+    if local.exists() or local.name not in LOCAL_MODELS:
+        return local
+    from pdx.localmodel import build_local_model
+
+    size, weights = LOCAL_MODELS[local.name]
+    built = build_local_model(model_cache / ".built", size, weights=weights)  # type: ignore[arg-type]
+    local.parent.mkdir(parents=True, exist_ok=True)
+    tmp = local.with_name(f".{local.name}.{os.getpid()}")
+    tmp.symlink_to(built)
+    tmp.replace(local)
+    return local
+
+
+class TopologyError(RuntimeError):
+    """A process did not come up; the message carries the tail of its log."""
+
+
+class LocalTopology:
+    """Prefill, decode and router processes for one CR, started and stopped as a unit."""
+
+    def __init__(
+        self,
+        document: dict[str, Any],
+        state_dir: Path | None = None,
+        router_port: int | None = None,
+        start_timeout: float = 900.0,
+    ) -> None:
+        self.target = load(document)
+        self.state_dir = Path(state_dir or cache_root() / "local" / self.target.name).resolve()
+        self.layout = Layout(state_dir=self.state_dir, model_cache=cache_root() / "models")
+        self.start_timeout = start_timeout
+        self._router_port = router_port
+        self.processes: list[LocalProcess] = []
+        self._popen: dict[str, subprocess.Popen[bytes]] = {}
+        self.model_dir: Path = self.layout.model_cache
+        self.generation = config_hash(self.target)
+        self.started_at: dict[str, float] = {}
+        self.healthy_after: dict[str, float] = {}
+
+    # -- planning ---------------------------------------------------------------------------
+    def plan(self) -> list[LocalProcess]:
+        objects = render(self.target)
+        sets = {o["metadata"]["labels"]["pdx.dev/role"]: o for o in objects if o["kind"] == "StatefulSet"}
+        engines: list[LocalProcess] = []
+        for role in ROLES:
+            for ordinal in range(self.target.spec.role(role).replicas):
+                ports = Ports(http=free_port(), side_channel=free_port())
+                engines.append(engine_process(sets[role], ordinal, ports, self.layout))
+        endpoints = [
+            Endpoint(role=p.role, name=p.name, ip=LOOPBACK, generation=p.generation or "", port=p.port)  # type: ignore[arg-type]
+            for p in engines
+        ]
+        endpoints_json = endpoints_configmap(self.target, endpoints)["data"][ENDPOINTS_FILE]
+        configmaps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+        deployment = next(o for o in objects if o["kind"] == "Deployment")
+        router = router_process(deployment, configmaps, endpoints_json, free_port(self._router_port), self.layout)
+        return [*engines, router]
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def __enter__(self) -> LocalTopology:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object | TracebackType | None) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.model_dir = ensure_model(self.target, self.layout.model_cache)
+        self.processes = self.plan()
+        (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        try:
+            for proc in self.processes:
+                self._spawn(proc)
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        self._write_pids()
+
+    def _spawn(self, proc: LocalProcess) -> None:
+        for path, content in proc.files.items():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(content)
+        log = open(self.log_path(proc.name), "ab")  # noqa: SIM115 - owned by the child
+        env = {**os.environ, **proc.env, STATE_ENV: str(self.state_dir)}
+        self.started_at[proc.name] = time.monotonic()
+        self._popen[proc.name] = subprocess.Popen(
+            proc.argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        log.close()
+
+    def log_path(self, name: str) -> Path:
+        return self.state_dir / "logs" / f"{name}.log"
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        waiting = list(self.processes)
+        while waiting:
+            for proc in list(waiting):
+                code = self._popen[proc.name].poll()
+                if code is not None:
+                    raise TopologyError(f"{proc.name} exited with {code}:\n{self.log_tail(proc.name)}")
+                if _http_ok(proc.url + proc.health_path):
+                    self.healthy_after[proc.name] = time.monotonic() - self.started_at[proc.name]
+                    waiting.remove(proc)
+            if time.monotonic() > deadline:
+                names = ", ".join(p.name for p in waiting)
+                raise TopologyError(f"not healthy within {self.start_timeout:.0f}s: {names}")
+            time.sleep(0.5)
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path(name).read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def _write_pids(self) -> None:
+        pids = {name: p.pid for name, p in self._popen.items()}
+        (self.state_dir / "pids.json").write_text(json.dumps(pids))
+
+    def kill(self, name: str) -> None:
+        """End one process (e.g. a decode between turns) as a node failure would."""
+        popen = self._popen[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait()
+
+    def stop(self) -> None:
+        for popen in self._popen.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for popen in self._popen.values():
+            try:
+                popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(popen.pid, signal.SIGKILL)
+                popen.wait()
+        self._popen.clear()
+        with contextlib.suppress(FileNotFoundError):
+            (self.state_dir / "pids.json").unlink()
+
+    # -- what callers read ------------------------------------------------------------------
+    def by_role(self, role: str) -> list[LocalProcess]:
+        return [p for p in self.processes if p.role == role]
+
+    @property
+    def router_url(self) -> str:
+        return self.by_role("router")[0].url
+
+    @property
+    def engine_urls(self) -> dict[str, list[str]]:
+        return {role: [p.url for p in self.by_role(role)] for role in ROLES}
+
+    def peak_rss_mib(self) -> dict[str, float]:
+        """Peak resident memory of each process with its children (vLLM's engine core)."""
+        return {name: sum(_vm_hwm_kib(pid) for pid in _tree(p.pid)) / 1024 for name, p in self._popen.items()}
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _tree(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                todo += [int(c) for c in task.read_text().split()]
+    return out
+
+
+def _vm_hwm_kib(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def stop_recorded(state_dir: Path) -> list[str]:
+    """End the processes a previous `pdx local up` recorded, and only those."""
+    pids_file = state_dir / "pids.json"
+    if not pids_file.exists():
+        return []
+    stopped = []
+    for name, pid in json.loads(pids_file.read_text()).items():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"{STATE_ENV}={state_dir}".encode() in environ:  # still ours, not a reused pid
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+                stopped.append(name)
+    pids_file.unlink()
+    return stopped
