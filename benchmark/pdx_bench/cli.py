@@ -1,0 +1,331 @@
+"""`pdx bench`: the multi-turn agent benchmark, OFF vs ON, locally, in a cluster, or at a URL."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .records import write_records
+from .report import format_table, write_report
+from .sweep import (
+    ClusterTarget,
+    Endpoints,
+    LocalTarget,
+    SweepConfig,
+    Target,
+    UrlTarget,
+    all_records,
+    run_sweep,
+    served_model_name,
+    total_requests,
+)
+from .workload import HFTokenizerCounter, TokenCounter, WordCounter, WorkloadSpec
+
+DEFAULT_FILE = "examples/local-cpu.yaml"
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError("expected one or more non-negative integers")
+    return values
+
+
+def _legs(text: str) -> list[bool | None]:
+    table: dict[str, bool | None] = {"off": False, "on": True, "run": None}
+    try:
+        return [table[v.strip()] for v in text.split(",") if v.strip()]
+    except KeyError:
+        raise argparse.ArgumentTypeError("legs are off, on (comma-separated)") from None
+
+
+def _engine_url(text: str) -> tuple[str, str]:
+    role, _, url = text.partition("=")
+    if role not in ("prefill", "decode") or not url:
+        raise argparse.ArgumentTypeError("expected prefill=URL or decode=URL")
+    return role, url
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="multi-turn agent benchmark: TTFT by prompt length, bidirectional KV transfer off vs on",
+        description=__doc__,
+    )
+    p.add_argument(
+        "-f", "--file", help=f"DisaggregatedInference YAML (--local default: {DEFAULT_FILE} or pdx's embedded copy)"
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--local", action="store_true", help="run the CR as local processes, off then on (default)")
+    mode.add_argument(
+        "--cluster", action="store_true", help="flip the DisaggregatedInference in a cluster, off then on"
+    )
+    mode.add_argument("--url", help="benchmark a running router once (no flipping)")
+    p.add_argument("--namespace", help="cluster: namespace of the DisaggregatedInference")
+    p.add_argument("--name", help="cluster: its name (default: metadata.name of -f)")
+    p.add_argument("--router-url", help="cluster: use this router URL instead of status.routerAddress")
+    p.add_argument("--engine-url", action="append", type=_engine_url, default=[], metavar="ROLE=URL",
+                   help="--url: engines to scrape for NIXL metrics (repeatable)")  # fmt: skip
+    p.add_argument("--tokenizer", type=Path, help="tokenizer.json (or its directory) for exact token sizing")
+    p.add_argument("--model", help="served model name (default: from the CR, else the router's /v1/models)")
+    p.add_argument(
+        "--lengths", type=_ints, default=[1000, 2000, 4000], help="prefix lengths in tokens (default 1000,2000,4000)"
+    )
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--conversations", type=int, default=3)
+    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--user-tokens", type=int, default=64, help="tokens of each user instruction")
+    p.add_argument("--tool-tokens", type=int, default=192, help="tokens of each tool result (turns >= 2)")
+    p.add_argument("--output-tokens", type=int, default=32, help="max_tokens (and min_tokens) of each answer")
+    p.add_argument("--no-fixed-output", action="store_true", help="do not send min_tokens")
+    p.add_argument("--request-rate", type=float, default=0.0, help="requests/s, Poisson (0: back to back)")
+    p.add_argument("--think-time", type=float, default=0.0, help="seconds between turns of a conversation")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--legs", type=_legs, default=None, help="off,on (default); --url runs one leg")
+    p.add_argument("--no-warmup", action="store_true", help="skip the short warmup conversation per leg")
+    p.add_argument("--out", type=Path, default=Path("bench-results"), help="output directory")
+    p.add_argument("--state-dir", type=Path, help="local: state directory of the topology")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
+    p.add_argument("--rollout-timeout", type=float, default=1800.0, help="cluster: seconds to wait for a rollout")
+    p.add_argument("--in-cluster", action="store_true", help="print a Job (and its RBAC) that runs this in the cluster")
+    p.add_argument("--image", help="--in-cluster: image with pdx installed")
+    p.add_argument("--results-claim", help="--in-cluster: PersistentVolumeClaim to keep results in")
+    p.set_defaults(run=main)
+
+
+def _spec(args: argparse.Namespace) -> WorkloadSpec:
+    return WorkloadSpec(
+        prefix_tokens=args.lengths[0],
+        turns=args.turns,
+        conversations=args.conversations,
+        user_tokens=args.user_tokens,
+        tool_tokens=args.tool_tokens,
+        output_tokens=args.output_tokens,
+        concurrency=args.concurrency,
+        request_rate=args.request_rate,
+        think_time_s=args.think_time,
+        seed=args.seed,
+        fixed_output=not args.no_fixed_output,
+    )
+
+
+def _document(args: argparse.Namespace) -> dict[str, Any] | None:
+    path = args.file
+    if path is None and (args.local or not (args.cluster or args.url)):
+        if Path(DEFAULT_FILE).exists():
+            path = DEFAULT_FILE
+        else:
+            from pdx.local import default_document
+
+            return default_document()
+    if path is None:
+        return None
+    doc = yaml.safe_load(Path(path).read_text())
+    if not isinstance(doc, dict):
+        raise SystemExit(f"pdx bench: {path}: not a DisaggregatedInference document")
+    return doc
+
+
+def _bench_args(argv: list[str]) -> list[str]:
+    """The workload flags of this invocation, passed on to the in-cluster Job."""
+    drop_with_value = {
+        "-f",
+        "--file",
+        "--namespace",
+        "--name",
+        "--out",
+        "--image",
+        "--results-claim",
+        "--url",
+        "--state-dir",
+    }
+    drop = {"--in-cluster", "--local", "--cluster"}
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        key = a.split("=", 1)[0]
+        if key in drop:
+            continue
+        if key in drop_with_value:
+            skip = "=" not in a
+            continue
+        out.append(a)
+    return out
+
+
+def _in_cluster(args: argparse.Namespace, doc: dict[str, Any] | None, argv: list[str]) -> int:
+    from .job import DEFAULT_IMAGE, job_objects
+
+    meta = (doc or {}).get("metadata", {})
+    ns = args.namespace or meta.get("namespace") or "default"
+    name = args.name or meta.get("name")
+    if not name:
+        print("pdx bench: --in-cluster needs --name (or -f with metadata.name)", file=sys.stderr)
+        return 2
+    objs = job_objects(ns, name, _bench_args(argv), image=args.image or DEFAULT_IMAGE, results_claim=args.results_claim)
+    sys.stdout.write(yaml.safe_dump_all(objs, sort_keys=False))
+    return 0
+
+
+def _cluster_target(args: argparse.Namespace, doc: dict[str, Any] | None) -> ClusterTarget:
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    meta = (doc or {}).get("metadata", {})
+    ns = args.namespace or meta.get("namespace") or "default"
+    name = args.name or meta.get("name")
+    if not name:
+        raise SystemExit("pdx bench: --cluster needs --name (or -f with metadata.name)")
+    return ClusterTarget(
+        client.CustomObjectsApi(),
+        ns,
+        name,
+        core=client.CoreV1Api(),
+        router_url=args.router_url,
+        timeout_s=args.rollout_timeout,
+    )
+
+
+def _counter_for(args: argparse.Namespace) -> Any:
+    def pick(ep: Endpoints) -> TokenCounter:
+        path = args.tokenizer or ep.model_dir
+        if path is not None and (Path(path).is_file() or (Path(path) / "tokenizer.json").is_file()):
+            return HFTokenizerCounter.from_file(Path(path))
+        return WordCounter()
+
+    return pick
+
+
+def main(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[2:] if argv is None else argv)
+    doc = _document(args)
+    if args.in_cluster:
+        return _in_cluster(args, doc, argv)
+    try:
+        spec = _spec(args)
+    except ValueError as err:
+        print(f"pdx bench: {err}", file=sys.stderr)
+        return 2
+    target: Target
+    if args.url:
+        engines: dict[str, list[str]] = {}
+        for role, url in args.engine_url:
+            engines.setdefault(role, []).append(url)
+        target = UrlTarget(args.url, engines)
+        legs: list[bool | None] = args.legs or [None]
+    elif args.cluster:
+        target = _cluster_target(args, doc)
+        legs = args.legs or [False, True]
+    else:
+        assert doc is not None
+        target = LocalTarget(doc, args.state_dir)
+        legs = args.legs or [False, True]
+        limit = doc.get("spec", {}).get("model", {}).get("maxModelLen")
+        need = spec.with_prefix(max(args.lengths)).last_turn_tokens()
+        if limit and need > int(limit):
+            print(f"pdx bench: the last turn needs about {need} tokens, over maxModelLen {limit}", file=sys.stderr)
+            return 2
+    if args.model is None and doc is not None:
+        args.model = served_model_name(doc)
+    cfg = SweepConfig(
+        lengths=args.lengths, spec=spec, legs=legs, warmup=not args.no_warmup, timeout_s=args.timeout, model=args.model
+    )
+    return execute(target, cfg, args.out, _counter_for(args))
+
+
+def execute(target: Target, cfg: SweepConfig, out: Path, counter_for: Any) -> int:
+    """Run the sweep with a progress bar, write records, plots and report, print the table."""
+    from tqdm import tqdm
+
+    started = time.time()
+    bar = tqdm(total=total_requests(cfg), unit="req", file=sys.stderr, dynamic_ncols=True)
+
+    def progress(rec: Any) -> None:
+        bar.update(1)
+        if rec is not None:
+            bar.set_postfix(prefix=rec.prefix_tokens, ttft=f"{rec.ttft_ms:.0f}ms", reuse=rec.reuse or "-")
+
+    def leg_start(leg: str) -> None:
+        bar.set_description(f"leg {leg}")
+        bar.refresh()
+
+    try:
+        results = run_sweep(target, cfg, counter_for, progress, leg_start)
+    finally:
+        bar.close()
+    out.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Path] = {}
+    errors: list[dict[str, Any]] = []
+    for leg in results:
+        files[f"records_{leg.leg}"] = write_records(out / f"records-{leg.leg}.json", leg.records)
+        errors += leg.errors
+    if errors:
+        files["errors"] = out / "errors.json"
+        files["errors"].write_text(json.dumps(errors, indent=2) + "\n")
+    records = all_records(results)
+    context = {
+        "target": target.description,
+        "lengths": ",".join(map(str, cfg.lengths)),
+        "workload": (
+            f"{cfg.spec.conversations} conversations x {cfg.spec.turns} turns, user {cfg.spec.user_tokens} + "
+            f"tool {cfg.spec.tool_tokens} tokens/turn, {cfg.spec.output_tokens} output tokens, "
+            f"concurrency {cfg.spec.concurrency}, seed {cfg.spec.seed}"
+        ),
+        "wall time": f"{time.time() - started:.0f} s",
+    }
+    for attr in ("start_seconds", "rollout_seconds"):
+        for leg_name, secs in getattr(target, attr, {}).items():
+            context[f"{leg_name} leg ready after"] = f"{secs:.0f} s"
+    source = sorted({r.kv_transfer_source for r in records if r.kv_transfer_source})
+    notes = [
+        "TTFT: time to the first streamed content chunk, as vLLM's multi-turn benchmark measures it.",
+        "Prefill time: the router's X-PDX-Prefill-Ms (its prefill hop, the KV read included).",
+        "KV transfer: prefill engines' vllm:nixl_xfer_time_seconds (D->P reads), attributed per "
+        + ("/".join(source) if source else "- (engine metrics not reachable)")
+        + ".",
+        "Hit rate: share of follow-up turns whose X-PDX-Reuse was `hit`.",
+    ]
+    rows, written = write_report(
+        records, out, title="pdx bench: bidirectional KV transfer OFF vs ON", context=context, notes=notes
+    )
+    files.update(written)
+    summary = {"context": context, "rows": [_row_json(r) for r in rows], "errors": len(errors)}
+    files["summary"] = out / "summary.json"
+    files["summary"].write_text(json.dumps(summary, indent=2) + "\n")
+    print("TTFT in ms by prefix length (turns >= 2):")
+    print(format_table(rows))
+    for key, path in files.items():
+        print(f"{key}: {path}")
+    if errors:
+        print(f"pdx bench: {len(errors)} request(s) failed; see {files['errors']}", file=sys.stderr)
+        return 1
+    if not records:
+        print("pdx bench: no request succeeded", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _row_json(row: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {
+        "length": row.length,
+        "off": asdict(row.off) if row.off else None,
+        "on": asdict(row.on) if row.on else None,
+        "ratio": row.ratio,
+    }

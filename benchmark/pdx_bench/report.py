@@ -1,0 +1,257 @@
+"""Summaries of a sweep: the terminal table, the seed's two plots, a Markdown report.
+
+Only follow-up turns (turn >= 2) enter the comparison: the first turn of a conversation has
+nothing to reuse in either leg, so including it would dilute the difference being measured.
+Groups are keyed by the sweep's prefix length; the plots' x axis is the engine-reported
+prompt length (the group's mean `input_num_tokens`), as in the seed article.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .records import RequestRecord
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100), numpy's default method."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+@dataclass(frozen=True)
+class LegStats:
+    n: int
+    prompt_tokens: float
+    ttft_p50: float
+    ttft_p90: float
+    prefill_ms: float
+    kv_transfer_ms: float
+    hit_rate: float
+
+
+@dataclass(frozen=True)
+class Row:
+    length: int
+    off: LegStats | None
+    on: LegStats | None
+
+    @property
+    def ratio(self) -> float:
+        """OFF median TTFT over ON median TTFT: how many times faster reuse made it."""
+        if self.off is None or self.on is None or self.on.ttft_p50 <= 0:
+            return float("nan")
+        return self.off.ttft_p50 / self.on.ttft_p50
+
+
+def leg_stats(records: Sequence[RequestRecord]) -> LegStats | None:
+    if not records:
+        return None
+    ttft = [r.ttft_ms for r in records]
+    prefill = [r.prefill_ms for r in records if r.prefill_ms is not None]
+    xfer = [r.kv_transfer_ms for r in records if r.kv_transfer_ms is not None]
+    hits = sum(1 for r in records if r.reuse == "hit")
+    return LegStats(
+        n=len(records),
+        prompt_tokens=_mean([float(r.input_num_tokens) for r in records]),
+        ttft_p50=percentile(ttft, 50),
+        ttft_p90=percentile(ttft, 90),
+        prefill_ms=_mean(prefill),
+        kv_transfer_ms=_mean(xfer) if xfer else 0.0,
+        hit_rate=hits / len(records),
+    )
+
+
+def summarize(records: Sequence[RequestRecord], min_turn: int = 2) -> list[Row]:
+    picked = [r for r in records if r.turn >= min_turn]
+    lengths = sorted({r.prefix_tokens for r in picked})
+    rows = []
+    for length in lengths:
+        group = [r for r in picked if r.prefix_tokens == length]
+        rows.append(
+            Row(
+                length=length,
+                off=leg_stats([r for r in group if r.leg == "off"]),
+                on=leg_stats([r for r in group if r.leg in ("on", "run", "")]),
+            )
+        )
+    return rows
+
+
+def _f(v: float | None, fmt: str = "{:.0f}") -> str:
+    if v is None or v != v:  # None or NaN
+        return "-"
+    return fmt.format(v)
+
+
+HEADERS = ("prefix", "prompt tok", "n", "OFF p50", "OFF p90", "ON p50", "ON p90", "OFF/ON", "ON hit rate")
+
+
+def table_rows(rows: Sequence[Row]) -> list[tuple[str, ...]]:
+    out: list[tuple[str, ...]] = []
+    for r in rows:
+        prompt = r.on.prompt_tokens if r.on else (r.off.prompt_tokens if r.off else None)
+        n = (r.off.n if r.off else 0) + (r.on.n if r.on else 0)
+        out.append(
+            (
+                str(r.length),
+                _f(prompt),
+                str(n),
+                _f(r.off.ttft_p50 if r.off else None),
+                _f(r.off.ttft_p90 if r.off else None),
+                _f(r.on.ttft_p50 if r.on else None),
+                _f(r.on.ttft_p90 if r.on else None),
+                _f(r.ratio, "{:.2f}x"),
+                _f(r.on.hit_rate * 100 if r.on else None, "{:.0f}%"),
+            )
+        )
+    return out
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """Plain-text table for the terminal; TTFT in ms, turns >= 2."""
+    body = table_rows(rows)
+    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(HEADERS)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(HEADERS, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in body]
+    return "\n".join(lines)
+
+
+def markdown_table(rows: Sequence[Row]) -> str:
+    body = table_rows(rows)
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---:|" * len(HEADERS)]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------------------- plots
+
+
+def plot_ttft(rows: Sequence[Row], path: Path, title: str = "TTFT vs prompt length") -> Path:
+    """Median TTFT (p90 as error bar) against mean prompt length, one line per leg."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for leg, color, label in (("off", "tab:red", "bidirectional OFF"), ("on", "tab:blue", "bidirectional ON")):
+        pts = [(getattr(r, leg)) for r in rows if getattr(r, leg) is not None]
+        if not pts:
+            continue
+        xs = [p.prompt_tokens for p in pts]
+        ys = [p.ttft_p50 for p in pts]
+        up = [p.ttft_p90 - p.ttft_p50 for p in pts]
+        ax.errorbar(xs, ys, yerr=[[0] * len(up), up], marker="o", color=color, label=label, capsize=3)
+    ax.set_xlabel("prompt length (tokens, engine-reported)")
+    ax.set_ylabel("TTFT (ms): median, bar to p90")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_prefill_breakdown(
+    rows: Sequence[Row], path: Path, title: str = "Prefill time: compute vs KV transfer"
+) -> Path:
+    """Paired bars per length: OFF is all compute; ON is compute plus the D->P KV read."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    width = 0.38
+    xs = list(range(len(rows)))
+    off_total = [r.off.prefill_ms if r.off else 0.0 for r in rows]
+    on_xfer = [r.on.kv_transfer_ms if r.on else 0.0 for r in rows]
+    on_compute = [max(0.0, (r.on.prefill_ms if r.on else 0.0) - x) for r, x in zip(rows, on_xfer, strict=True)]
+    off_x = [x - width / 2 for x in xs]
+    on_x = [x + width / 2 for x in xs]
+    ax.bar(off_x, _nz(off_total), width, color="tab:red", label="OFF: prefill compute")
+    ax.bar(on_x, _nz(on_compute), width, color="tab:blue", label="ON: prefill compute")
+    ax.bar(on_x, _nz(on_xfer), width, bottom=_nz(on_compute), color="tab:orange", label="ON: KV transfer (D->P)")
+    ax.set_xticks(xs, [str(r.length) for r in rows])
+    ax.set_xlabel("prefix length (tokens)")
+    ax.set_ylabel("prefill time per request (ms, mean)")
+    ax.set_title(title)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _nz(values: Sequence[float]) -> list[float]:
+    return [0.0 if v != v else v for v in values]
+
+
+# ------------------------------------------------------------------------------- report
+
+
+def markdown_report(
+    rows: Sequence[Row],
+    ttft_png: Path,
+    prefill_png: Path,
+    *,
+    title: str = "pdx bench",
+    context: dict[str, str] | None = None,
+    notes: Sequence[str] = (),
+) -> str:
+    lines = [f"# {title}", ""]
+    if context:
+        lines += [f"- **{k}**: {v}" for k, v in context.items()]
+        lines.append("")
+    lines += [
+        "## TTFT by prefix length (ms, turns >= 2)",
+        "",
+        markdown_table(rows),
+        "",
+        f"![TTFT vs prompt length]({ttft_png.name})",
+        "",
+        "## Prefill time: compute and KV transfer",
+        "",
+        f"![Prefill breakdown]({prefill_png.name})",
+        "",
+    ]
+    if notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines)
+
+
+def write_report(
+    records: Sequence[RequestRecord],
+    out: Path,
+    *,
+    title: str = "pdx bench",
+    context: dict[str, str] | None = None,
+    notes: Sequence[str] = (),
+) -> tuple[list[Row], dict[str, Path]]:
+    """Plots and report.md into `out`; returns the table rows and the files written."""
+    rows = summarize(records)
+    out.mkdir(parents=True, exist_ok=True)
+    ttft = plot_ttft(rows, out / "ttft_vs_prompt_length.png")
+    prefill = plot_prefill_breakdown(rows, out / "prefill_breakdown.png")
+    md = out / "report.md"
+    md.write_text(markdown_report(rows, ttft, prefill, title=title, context=context, notes=notes))
+    return rows, {"ttft_plot": ttft, "prefill_plot": prefill, "report": md}
