@@ -1,0 +1,81 @@
+"""The chart's copies of the CRD, the RBAC rules and the peering CRDs equal their sources."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.chart import load_sync_chart
+
+ROOT = Path(__file__).resolve().parents[2]
+sync_chart = load_sync_chart()
+
+
+def test_chart_crd_is_byte_for_byte_the_generated_crd() -> None:
+    assert sync_chart.CRD_COPY.read_bytes() == sync_chart.CRD_SOURCE.read_bytes()
+
+
+def test_no_chart_copy_is_stale() -> None:
+    assert sync_chart.stale(sync_chart.expected()) == []
+
+
+def test_check_mode_exits_zero_when_in_sync() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "sync_chart.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_changed_copy_is_reported_stale(tmp_path: Path) -> None:
+    copy = tmp_path / "crd.yaml"
+    copy.write_bytes(sync_chart.CRD_SOURCE.read_bytes() + b"# hand edit\n")
+    missing = tmp_path / "absent.yaml"
+    same = tmp_path / "same.yaml"
+    same.write_bytes(b"x")
+    assert sync_chart.stale({copy: sync_chart.CRD_SOURCE.read_bytes(), missing: b"", same: b"x"}) == [copy, missing]
+
+
+def test_rules_come_from_the_operators_rbac_module_when_present() -> None:
+    rbac = pytest.importorskip("pdx.controller.rbac")
+    contract = sync_chart.operator_contract()
+    assert contract.source == "pdx.controller.rbac"
+    assert contract.rules == rbac.rbac_rules()
+    assert contract.peering_name == rbac.PEERING_NAME
+
+
+def test_generated_template_defines_the_rules_as_yaml() -> None:
+    contract = sync_chart.operator_contract()
+    text = sync_chart.generated_template(contract)
+    body = text.split('{{- define "pdx-operator.rbacRules" -}}\n', 1)[1].split("{{- end }}", 1)[0]
+    assert yaml.safe_load(body) == contract.rules
+
+
+def test_template_delimiters_in_rules_are_refused() -> None:
+    contract = sync_chart.OperatorContract(
+        source="test", rules=[{"apiGroups": ["{{ .x }}"]}], peering_name="p", peering_crds=[]
+    )
+    with pytest.raises(ValueError, match="delimiters"):
+        sync_chart.generated_template(contract)
+
+
+def test_fallback_rules_cover_every_rule_the_operator_needs() -> None:
+    """The stand-in must grant at least what the operator asks for, so an old tree still works."""
+    rbac = pytest.importorskip("pdx.controller.rbac")
+
+    def grants(rules: list[dict[str, object]]) -> set[tuple[str, str, str]]:
+        out: set[tuple[str, str, str]] = set()
+        for r in rules:
+            for g in r["apiGroups"]:  # type: ignore[attr-defined]
+                for res in r["resources"]:  # type: ignore[attr-defined]
+                    for v in r["verbs"]:  # type: ignore[attr-defined]
+                        out.add((g, res, v))
+        return out
+
+    assert grants(rbac.rbac_rules()) <= grants(sync_chart.FALLBACK_RULES)
