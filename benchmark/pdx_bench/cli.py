@@ -135,37 +135,35 @@ def _document(args: argparse.Namespace) -> dict[str, Any] | None:
     return doc
 
 
-def _bench_args(argv: list[str]) -> list[str]:
-    """The workload flags of this invocation, passed on to the in-cluster Job."""
-    drop_with_value = {
-        "-f",
-        "--file",
-        "--namespace",
-        "--name",
-        "--out",
-        "--image",
-        "--results-claim",
-        "--url",
-        "--state-dir",
-    }
-    drop = {"--in-cluster", "--local", "--cluster"}
-    out: list[str] = []
-    skip = False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        key = a.split("=", 1)[0]
-        if key in drop:
-            continue
-        if key in drop_with_value:
-            skip = "=" not in a
-            continue
-        out.append(a)
+def _bench_args(args: argparse.Namespace) -> list[str]:
+    """The workload flags of this invocation, for the in-cluster Job to run the same sweep."""
+    out = [
+        "--lengths", ",".join(map(str, args.lengths)),
+        "--turns", str(args.turns),
+        "--conversations", str(args.conversations),
+        "--concurrency", str(args.concurrency),
+        "--user-tokens", str(args.user_tokens),
+        "--tool-tokens", str(args.tool_tokens),
+        "--output-tokens", str(args.output_tokens),
+        "--request-rate", str(args.request_rate),
+        "--think-time", str(args.think_time),
+        "--seed", str(args.seed),
+        "--timeout", str(args.timeout),
+        "--rollout-timeout", str(args.rollout_timeout),
+    ]  # fmt: skip
+    if args.legs:
+        names = {False: "off", True: "on", None: "run"}
+        out += ["--legs", ",".join(names[v] for v in args.legs)]
+    for flag, value in (("--model", args.model), ("--router-url", args.router_url)):
+        if value:
+            out += [flag, value]
+    for flag, on in (("--no-fixed-output", args.no_fixed_output), ("--no-warmup", args.no_warmup)):
+        if on:
+            out.append(flag)
     return out
 
 
-def _in_cluster(args: argparse.Namespace, doc: dict[str, Any] | None, argv: list[str]) -> int:
+def _in_cluster(args: argparse.Namespace, doc: dict[str, Any] | None) -> int:
     from .job import DEFAULT_IMAGE, job_objects
 
     meta = (doc or {}).get("metadata", {})
@@ -174,7 +172,7 @@ def _in_cluster(args: argparse.Namespace, doc: dict[str, Any] | None, argv: list
     if not name:
         print("pdx bench: --in-cluster needs --name (or -f with metadata.name)", file=sys.stderr)
         return 2
-    objs = job_objects(ns, name, _bench_args(argv), image=args.image or DEFAULT_IMAGE, results_claim=args.results_claim)
+    objs = job_objects(ns, name, _bench_args(args), image=args.image or DEFAULT_IMAGE, results_claim=args.results_claim)
     sys.stdout.write(yaml.safe_dump_all(objs, sort_keys=False))
     return 0
 
@@ -211,11 +209,10 @@ def _counter_for(args: argparse.Namespace) -> Any:
     return pick
 
 
-def main(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[2:] if argv is None else argv)
+def main(args: argparse.Namespace) -> int:
     doc = _document(args)
     if args.in_cluster:
-        return _in_cluster(args, doc, argv)
+        return _in_cluster(args, doc)
     try:
         spec = _spec(args)
     except ValueError as err:

@@ -8,6 +8,7 @@ its one DisaggregatedInference, and list pods to find the engines.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -107,4 +108,6 @@ def job_objects(
             },
         },
     }
-    return [sa, role, binding, job]
+    # Separate copies: shared dicts would come out of yaml.safe_dump as anchors and aliases.
+    out: list[dict[str, Any]] = json.loads(json.dumps([sa, role, binding, job]))
+    return out

@@ -1,0 +1,79 @@
+"""Table numbers, plots and the Markdown report from synthetic records."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pdx_bench.report import format_table, percentile, summarize, write_report
+
+from .synth import sweep_records
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    assert data[12:16] == b"IHDR"
+    w, h = struct.unpack(">II", data[16:24])
+    return w, h
+
+
+@pytest.mark.parametrize("q", [0, 10, 50, 90, 99, 100])
+def test_percentile_matches_numpy(q: float) -> None:
+    values = [3.0, 1.0, 7.5, 2.0, 10.0, 4.0]
+    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+def test_summary_numbers() -> None:
+    rows = summarize(sweep_records())
+    assert [r.length for r in rows] == [1000, 4000]
+    short, long = rows
+    assert short.off is not None and short.on is not None and long.off is not None and long.on is not None
+    # Turn 1 (TTFT 9999) is left out: only follow-up turns can reuse anything.
+    assert short.off.n == 4 and short.on.n == 4
+    assert short.off.ttft_p50 == pytest.approx(115.0)
+    assert short.off.ttft_p90 == pytest.approx(127.0)
+    assert short.on.ttft_p50 == pytest.approx(65.0)
+    assert long.off.ttft_p50 == pytest.approx(550.0)
+    assert long.on.ttft_p50 == pytest.approx(150.0)
+    assert long.on.ttft_p90 == pytest.approx(270.0)
+    assert short.ratio == pytest.approx(115 / 65)
+    assert long.ratio == pytest.approx(550 / 150)
+    assert long.on.hit_rate == pytest.approx(0.75)
+    assert long.off.hit_rate == 0.0
+    assert long.on.kv_transfer_ms == pytest.approx(3.75)  # (5+5+5+0)/4
+    assert long.on.prefill_ms == pytest.approx((90 + 90 + 190 + 290) / 4)
+
+
+def test_terminal_table_shows_the_numbers() -> None:
+    text = format_table(summarize(sweep_records()))
+    lines = text.splitlines()
+    assert "OFF p50" in lines[0] and "ON hit rate" in lines[0]
+    last = lines[-1].split()
+    assert last[0] == "4000"
+    assert last[3:] == ["550", "670", "150", "270", "3.67x", "75%"]
+
+
+def test_report_files(tmp_path: Path) -> None:
+    rows, files = write_report(sweep_records(), tmp_path, context={"target": "synthetic"}, notes=["a note"])
+    assert len(rows) == 2
+    for key in ("ttft_plot", "prefill_plot"):
+        w, h = _png_size(files[key])
+        assert w > 300 and h > 200
+    md = files["report"].read_text()
+    assert "![TTFT vs prompt length](ttft_vs_prompt_length.png)" in md
+    assert "![Prefill breakdown](prefill_breakdown.png)" in md
+    assert "| 4000 |" in md and "3.67x" in md and "synthetic" in md and "a note" in md
+
+
+def test_plots_survive_a_missing_leg(tmp_path: Path) -> None:
+    only_on = [r for r in sweep_records() if r.leg == "on"]
+    rows, files = write_report(only_on, tmp_path)
+    assert all(r.off is None for r in rows)
+    assert files["ttft_plot"].read_bytes()[:8] == PNG_MAGIC
+    assert "-" in format_table(rows).splitlines()[-1].split()
