@@ -1,0 +1,29 @@
+# pdx tasks. A fresh machine needs only the first two.
+.PHONY: demo test setup lint crd golden chart bench-router bench-operator local
+
+demo: setup            ## local topology (vLLM CPU + NIXL + router), TTFT off vs on, plots in out/
+	.venv/bin/pdx bench --local --out out/demo
+
+test:                  ## set up, lint, type-check, run all tests (CI runs this)
+	scripts/test.sh
+
+setup:                 ## .venv with pdx, vLLM CPU, NIXL and the test tools
+	scripts/setup.sh
+
+lint:                  ## ruff + mypy --strict
+	.venv/bin/ruff check . && .venv/bin/mypy operator/pdx router/pdx_router benchmark/pdx_bench
+
+crd:                   ## regenerate crds/ and the chart's copies from the models
+	.venv/bin/pdx crd --write && .venv/bin/python scripts/sync_chart.py
+
+golden:                ## regenerate tests/golden after an intended rendering change
+	UPDATE_GOLDEN=1 .venv/bin/pytest -q tests/render/test_cli_and_golden.py
+
+local:                 ## run the embedded local topology until Ctrl-C
+	.venv/bin/pdx local up
+
+bench-router:          ## router overhead vs direct vs vLLM's example proxy
+	.venv/bin/python scripts/bench_router.py
+
+bench-operator:        ## reconcile latency and 500 resources against kmock
+	.venv/bin/python scripts/bench_operator.py

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test command (README's second line; .ci/run calls it): set up what the tests need on a
+# fresh machine, then lint, type-check and run every test, real engines included.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/setup-helm-env.sh
+# The router's Redis store is tested against a real redis-server on loopback.
+if ! command -v redis-server >/dev/null; then
+  (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null
+fi
+.venv/bin/ruff check .
+.venv/bin/mypy operator/pdx router/pdx_router benchmark/pdx_bench
+.venv/bin/pytest -q -p no:cacheprovider "$@"

@@ -1,0 +1,274 @@
+"""End to end with real engines: vLLM (CPU build) prefill + decode over NIXL, the pdx router.
+
+The topology is the embedded local CR, rendered by the operator's code and run by `pdx local`:
+the same arguments a cluster would get. Engines run float32 with seeded random weights so
+that greedy outputs are comparable and wrong KV would show. The conversations run once with
+bidirectional off (the reference), then with it on.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from pdx.local import default_document
+from pdx.local.topology import LocalTopology
+from tests.e2e.chat import Answer, chat, metric, raw_turn
+
+pytest.importorskip("vllm", reason="needs the engine extra (scripts/setup.sh)")
+pytestmark = [pytest.mark.engines, pytest.mark.timeout(1800)]
+
+ROUTER_TTL = 20  # seconds: short, so that expiry can be waited out in a test
+NIXL_XFERS = "vllm:nixl_xfer_time_seconds_count"
+
+WORDS = [
+    "agent",
+    "plan",
+    "tool",
+    "call",
+    "result",
+    "file",
+    "search",
+    "query",
+    "answer",
+    "context",
+    "memory",
+    "step",
+    "check",
+    "build",
+    "test",
+    "deploy",
+    "cluster",
+    "node",
+    "prefill",
+    "decode",
+    "cache",
+    "block",
+    "token",
+    "stream",
+    "request",
+    "response",
+    "error",
+    "retry",
+    "log",
+    "metric",
+]
+
+
+def text(seed: int, n_words: int) -> str:
+    """Deterministic filler prose of about n_words words."""
+    return " ".join(WORDS[(seed * 7 + i * (seed % 5 + 3)) % len(WORDS)] for i in range(n_words))
+
+
+SYSTEM = {"role": "system", "content": "You are a coding agent. " + text(1, 700)}
+
+
+def user(i: int, n: int = 120) -> dict[str, str]:
+    return {"role": "user", "content": f"Step {i}: " + text(i + 10, n)}
+
+
+def document(bidirectional: bool) -> dict[str, Any]:
+    doc = copy.deepcopy(default_document())
+    spec = doc["spec"]
+    spec["model"]["name"] = "/models/pdx-tiny-w"  # seeded weights: wrong KV changes logits
+    spec["model"].pop("loadFormat", None)
+    spec["kvTransfer"]["bidirectional"] = bidirectional
+    spec["router"] = {"conversationTtlSeconds": ROUTER_TTL}
+    spec["decode"]["replicas"] = 2 if bidirectional else 1  # a spare decode for the kill test
+    return doc
+
+
+@dataclass
+class Run:
+    """Answers per scenario and turn, from one topology."""
+
+    answers: dict[str, list[Answer]]
+    transfers: float = 0.0
+
+
+def converse(url: str, name: str, turns: list[Any], on_turn: Any = None) -> list[Answer]:
+    """Run a scripted conversation; each turn builds its messages from earlier answers."""
+    answers: list[Answer] = []
+    for i, build in enumerate(turns):
+        if on_turn:
+            on_turn(name, i)
+        answers.append(chat(url, build(answers), conversation=name))
+    return answers
+
+
+def asst(a: Answer) -> dict[str, str]:
+    return {"role": "assistant", "content": a.text}
+
+
+SCENARIOS: dict[str, list[Any]] = {
+    # The agent loop: the whole history plus a tool result and a new step each turn.
+    "grow": [
+        lambda a: [SYSTEM, user(1)],
+        lambda a: [SYSTEM, user(1), asst(a[0]), user(2, 300)],
+        lambda a: [SYSTEM, user(1), asst(a[0]), user(2, 300), asst(a[1]), user(3, 300)],
+    ],
+    # An earlier user message edited: only the system prompt is still decode's.
+    "edited": [
+        lambda a: [SYSTEM, user(1)],
+        lambda a: [SYSTEM, {"role": "user", "content": user(1)["content"].replace("Step 1", "Step one")}, user(2)],
+    ],
+    # History truncated: the first exchange dropped.
+    "truncated": [
+        lambda a: [SYSTEM, user(1)],
+        lambda a: [SYSTEM, user(1), asst(a[0]), user(2)],
+        lambda a: [SYSTEM, user(3)],
+    ],
+    # The answer's text stripped (as reasoning is stripped between turns: vLLM issue 43094).
+    "stripped": [
+        lambda a: [SYSTEM, user(1)],
+        lambda a: [SYSTEM, user(1), {"role": "assistant", "content": a[0].text[len(a[0].text) // 2 :]}, user(2)],
+    ],
+    # Almost nothing in common: below the threshold, recomputed.
+    "diverged": [
+        lambda a: [SYSTEM, user(1)],
+        lambda a: [{"role": "system", "content": "Different. " + text(3, 500)}, user(1)],
+    ],
+    # The next turn after the router's deadline.
+    "expired": [lambda a: [SYSTEM, user(1)], lambda a: [SYSTEM, user(1), asst(a[0]), user(2)]],
+    # The decode holding the KV dies between turns.
+    "decode_killed": [lambda a: [SYSTEM, user(1)], lambda a: [SYSTEM, user(1), asst(a[0]), user(2)]],
+}
+
+
+def long_conversation(k: int) -> list[Any]:
+    """Three growing turns to about 4k tokens, for TTFT."""
+    return [
+        lambda a: [SYSTEM, user(100 + k, 900)],
+        lambda a: [SYSTEM, user(100 + k, 900), asst(a[0]), user(200 + k, 900)],
+        lambda a: [SYSTEM, user(100 + k, 900), asst(a[0]), user(200 + k, 900), asst(a[1]), user(300 + k, 900)],
+    ]
+
+
+def run_all(topo: LocalTopology, before_turn: Any = None) -> Run:
+    chat(topo.router_url, [user(0)], conversation=None)  # warm up: NIXL handshake, first compile
+    transfers0 = metric(topo.engine_urls["prefill"][0], NIXL_XFERS)
+    answers = {name: converse(topo.router_url, name, turns, before_turn) for name, turns in SCENARIOS.items()}
+    for k in range(3):
+        answers[f"long{k}"] = converse(topo.router_url, f"long{k}", long_conversation(k))
+    return Run(answers, metric(topo.engine_urls["prefill"][0], NIXL_XFERS) - transfers0)
+
+
+@pytest.fixture(scope="module")
+def off() -> Run:
+    with LocalTopology(document(bidirectional=False)) as topo:
+        return run_all(topo)
+
+
+@dataclass
+class OnRun(Run):
+    router_stats: dict[str, Any] | None = None
+    killed: str = ""
+    transfers_by_turn: dict[tuple[str, int], float] | None = None
+    topo: LocalTopology | None = None
+
+
+@pytest.fixture(scope="module")
+def on(off: Run) -> Iterator[OnRun]:
+    topo = LocalTopology(document(bidirectional=True))
+    with topo:
+        state: dict[str, Any] = {"killed": ""}
+        transfers: dict[tuple[str, int], float] = {}
+
+        def before_turn(name: str, i: int) -> None:
+            transfers[(name, i)] = metric(topo.engine_urls["prefill"][0], NIXL_XFERS)
+            if name == "expired" and i == 1:
+                time.sleep(ROUTER_TTL + 2)
+            if name == "decode_killed" and i == 1:
+                # The decode that served turn 0 holds the entry: end it like a lost node.
+                holder = _entry_holder(topo)
+                topo.kill(holder)
+                state["killed"] = holder
+                time.sleep(7)  # longer than the router's health-check interval
+
+        run = run_all(topo, before_turn)
+        with urllib.request.urlopen(f"{topo.router_url}/v1/pdx/stats", timeout=10) as resp:
+            stats = json.loads(resp.read())
+        yield OnRun(run.answers, run.transfers, stats, state["killed"], transfers, topo)
+
+
+def _entry_holder(topo: LocalTopology) -> str:
+    """The decode process that served the last request (its request counter moved)."""
+    counts = {p.name: metric(p.url, "vllm:request_success_total") for p in topo.by_role("decode")}
+    return max(counts, key=lambda n: counts[n])
+
+
+def test_later_turns_pull_kv_from_decode_instead_of_recomputing(on: OnRun) -> None:
+    grow = on.answers["grow"]
+    assert [a.reuse for a in grow] == ["miss", "hit", "hit"]
+    # Decode held prompt + answer - 1 tokens of the previous turn; all of it matches.
+    assert grow[1].reused_tokens == grow[0].prompt_tokens + len(grow[0].logprobs) - 1
+    assert grow[2].reused_tokens == grow[1].prompt_tokens + len(grow[1].logprobs) - 1
+    assert on.transfers > 0, "prefill's NIXL transfer counter did not move"
+    assert on.router_stats is not None and on.router_stats["reuse"]["hit"] >= 2
+
+
+def test_bidirectional_off_never_reuses(off: Run) -> None:
+    assert {a.reuse for turns in off.answers.values() for a in turns} <= {"miss", "none", "expired"}
+
+
+def test_greedy_outputs_with_reuse_equal_those_without_token_for_token(off: Run, on: OnRun) -> None:
+    for name in ("grow", "edited", "truncated", "stripped", "diverged", "long0", "long1", "long2"):
+        for turn, (a_off, a_on) in enumerate(zip(off.answers[name], on.answers[name], strict=True)):
+            assert a_on.tokens == a_off.tokens, f"{name} turn {turn}"
+            assert max(abs(x - y) for x, y in zip(a_on.logprobs, a_off.logprobs, strict=True)) < 1e-4
+
+
+def test_edited_truncated_or_stripped_history_reuses_only_the_common_prefix(on: OnRun) -> None:
+    for name, turn in (("edited", 1), ("truncated", 2), ("stripped", 1)):
+        answer = on.answers[name][turn]
+        assert answer.reuse == "hit", name
+        assert 64 <= answer.reused_tokens < answer.prompt_tokens - 1, (name, answer.reused_tokens)
+
+
+def test_a_turn_with_too_little_in_common_is_recomputed(on: OnRun) -> None:
+    answer = on.answers["diverged"][1]
+    assert answer.reuse in ("prefix_mismatch", "below_threshold")
+    assert answer.reused_tokens == 0
+
+
+def test_an_entry_past_its_ttl_is_served_by_recompute(on: OnRun) -> None:
+    answer = on.answers["expired"][1]
+    assert answer.reuse in ("expired", "miss")
+    assert answer.reused_tokens == 0
+    assert answer.text
+
+
+def test_killing_the_decode_between_turns_still_answers_the_next_turn(off: Run, on: OnRun) -> None:
+    assert on.killed
+    answer = on.answers["decode_killed"][1]
+    assert answer.reused_tokens == 0
+    assert answer.tokens == off.answers["decode_killed"][1].tokens
+
+
+def test_ttft_of_the_last_long_turn_is_lower_with_bidirectional_on(off: Run, on: OnRun) -> None:
+    # A comparison within one run, not a timing target: the effect is several-fold here.
+    ttft_off = statistics.median(off.answers[f"long{k}"][-1].ttft_ms for k in range(3))
+    ttft_on = statistics.median(on.answers[f"long{k}"][-1].ttft_ms for k in range(3))
+    assert on.answers["long0"][-1].reuse == "hit"
+    assert ttft_on < ttft_off, (ttft_on, ttft_off)
+
+
+def test_blind_reuse_without_the_prefix_check_diverges_so_the_check_has_teeth(off: Run, on: OnRun) -> None:
+    topo = on.topo
+    assert topo is not None
+    decode = next(p.url for p in topo.by_role("decode") if p.name != on.killed)
+    prefill = topo.engine_urls["prefill"][0]
+    first, held = raw_turn(prefill, decode, SCENARIOS["edited"][0]([]), None)
+    assert first.tokens == off.answers["edited"][0].tokens
+    blind, _ = raw_turn(prefill, decode, SCENARIOS["edited"][1]([first]), held)
+    reference = off.answers["edited"][1]
+    drift = max(abs(x - y) for x, y in zip(blind.logprobs, reference.logprobs, strict=True))
+    assert blind.tokens != reference.tokens or drift > 1e-3, "wrong KV went unnoticed: the test has no teeth"
