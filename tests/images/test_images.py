@@ -1,0 +1,138 @@
+"""The Dockerfiles lint clean and say what the chart and the renderer rely on.
+
+The images cannot be built here (no container engine); what can be checked without one is:
+hadolint on every Dockerfile, shellcheck on the entrypoint, and the facts the rest of pdx
+depends on (user ids, entrypoints, versions, the EFA installer flags, the loader path).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from importlib.metadata import distribution
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from pdx.render.engines import ENGINE_ENTRYPOINT
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = ROOT / "images"
+DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))
+BIN = Path(sys.executable).parent
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name, path=str(BIN)) or shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} not installed: pip install -e '.[test]'")
+    return path
+
+
+def _dockerfile(name: str) -> str:
+    return (IMAGES / name / "Dockerfile").read_text()
+
+
+def _final_stage(text: str) -> str:
+    return text.rsplit("\nFROM ", 1)[-1]
+
+
+def test_the_three_images_have_dockerfiles() -> None:
+    assert [p.parent.name for p in DOCKERFILES] == ["operator", "router", "vllm-efa"]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_hadolint_finds_nothing(dockerfile: Path) -> None:
+    proc = subprocess.run(
+        [_tool("hadolint"), "--no-color", str(dockerfile)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "", proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_base_images_are_pinned_and_oci_labelled(dockerfile: Path) -> None:
+    text = dockerfile.read_text()
+    for image in re.findall(r"^FROM\s+(\S+)", text, flags=re.M):
+        assert re.search(r":\d+(\.\d+)+", image), f"unpinned base image {image}"
+    for label in ("title", "description", "version", "revision", "base.name"):
+        assert f"org.opencontainers.image.{label}=" in text
+
+
+def test_hadolint_would_catch_an_unpinned_pip_install(tmp_path: Path) -> None:
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:3.11.11-slim-bookworm\nRUN pip install --no-cache-dir kopf\n")
+    proc = subprocess.run([_tool("hadolint"), "--no-color", str(bad)], capture_output=True, text=True, check=False)
+    assert proc.returncode != 0 and "DL3013" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("image", "entrypoint"),
+    [("operator", '["kopf", "run"]'), ("router", '["pdx-router"]')],
+)
+def test_python_images_run_non_root_as_65532_from_this_source(image: str, entrypoint: str) -> None:
+    text = _dockerfile(image)
+    final = _final_stage(text)
+    assert final.startswith("python:3.11.")
+    assert "USER 65532:65532" in final
+    assert f"ENTRYPOINT {entrypoint}" in final
+    assert "--constraint images/constraints.txt" in text
+    for source in ("operator", "router", "benchmark"):
+        assert f"COPY {source} {source}" in text
+
+
+def test_operator_image_default_command_matches_the_charts() -> None:
+    final = _final_stage(_dockerfile("operator"))
+    assert "--module=pdx.controller.handlers" in final
+    assert "--liveness=http://0.0.0.0:8080/healthz" in final
+    assert "EXPOSE 8080 9090" in final
+
+
+def test_router_image_default_config_path_is_the_rendered_one() -> None:
+    from pdx.render.router import CONFIG_DIR, CONFIG_FILE
+
+    assert f'CMD ["--config", "{CONFIG_DIR}/{CONFIG_FILE}"]' in _dockerfile("router")
+
+
+def test_constraints_pin_every_runtime_dependency_of_pdx() -> None:
+    pins = {}
+    for line in (IMAGES / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[canonicalize_name(name)] = version
+    for raw in distribution("pdx").requires or []:
+        req = Requirement(raw)
+        if req.marker is not None and "extra" in str(req.marker):
+            continue
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} is not pinned in images/constraints.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]} violates {req}"
+
+
+def test_serving_image_installs_the_versions_and_efa_userspace_the_issue_asks_for() -> None:
+    text = _dockerfile("vllm-efa")
+    assert "ARG VLLM_VERSION=0.33.0" in text and '"vllm==${VLLM_VERSION}"' in text
+    assert "ARG NIXL_VERSION=1.5.1" in text and '"nixl-${NIXL_CUDA}==${NIXL_VERSION}"' in text
+    assert "ARG EFA_INSTALLER_VERSION=1.50.0" in text
+    assert "./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify" in text
+    assert "hwloc" in text
+    assert "echo /opt/amazon/efa/lib > /etc/ld.so.conf.d/" in text and "ldconfig" in text
+    assert re.search(r"LD_LIBRARY_PATH=/opt/amazon/efa/lib", text)
+    assert re.search(r"PATH=[^\n]*/opt/amazon/efa/bin", text)
+    # NIXL's LIBFABRIC plugin is checked at build time to resolve the EFA libfabric.
+    assert "libplugin_LIBFABRIC" in text and "libfabric\\.so\\.1 => /opt/amazon/efa/lib/" in text
+
+
+def test_serving_image_entrypoint_is_the_one_the_renderer_runs() -> None:
+    text = _dockerfile("vllm-efa")
+    assert f"images/vllm-efa/pdx-engine-entrypoint.sh {ENGINE_ENTRYPOINT}" in text
+    assert f'ENTRYPOINT ["{ENGINE_ENTRYPOINT}"]' in text
+
+
+def test_shellcheck_finds_nothing_in_the_entrypoint() -> None:
+    script = IMAGES / "vllm-efa" / "pdx-engine-entrypoint.sh"
+    proc = subprocess.run([_tool("shellcheck"), str(script)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout
