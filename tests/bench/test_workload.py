@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pdx_bench.workload import HFTokenizerCounter, WordCounter, WorkloadSpec, build, to_vllm_conversations
+from pdx_bench.workload import HFTokenizerCounter, WordCounter, Workload, WorkloadSpec, build, to_vllm_conversations
 
 
 def _texts(spec: WorkloadSpec, label: str = "w") -> list[list[str]]:
@@ -86,9 +86,9 @@ def test_vllm_format_folds_system_into_first_user_turn() -> None:
 
 
 def test_arrivals_are_seeded_poisson() -> None:
-    w = build(WorkloadSpec(request_rate=4.0, turns=50, conversations=20, prefix_tokens=1))
-    gaps = w.arrival_gaps()
-    assert gaps == build(WorkloadSpec(request_rate=4.0, turns=50, conversations=20, prefix_tokens=1)).arrival_gaps()
+    spec = WorkloadSpec(request_rate=4.0, turns=50, conversations=20, prefix_tokens=1)
+    gaps = Workload(spec).arrival_gaps()
+    assert gaps == Workload(spec).arrival_gaps()
     assert len(gaps) == 1000
     assert statistics.fmean(gaps) == pytest.approx(0.25, rel=0.15)
     assert build(WorkloadSpec()).arrival_gaps() == []
