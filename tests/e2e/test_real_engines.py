@@ -162,8 +162,8 @@ def run_all(topo: LocalTopology, before_turn: Any = None) -> Run:
 
 
 @pytest.fixture(scope="module")
-def off() -> Run:
-    with LocalTopology(document(bidirectional=False)) as topo:
+def off(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    with LocalTopology(document(bidirectional=False), state_dir=tmp_path_factory.mktemp("off")) as topo:
         return run_all(topo)
 
 
@@ -176,8 +176,8 @@ class OnRun(Run):
 
 
 @pytest.fixture(scope="module")
-def on(off: Run) -> Iterator[OnRun]:
-    topo = LocalTopology(document(bidirectional=True))
+def on(off: Run, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnRun]:
+    topo = LocalTopology(document(bidirectional=True), state_dir=tmp_path_factory.mktemp("on"))
     with topo:
         state: dict[str, Any] = {"killed": ""}
         transfers: dict[tuple[str, int], float] = {}

@@ -1,0 +1,87 @@
+"""The local plan runs the rendered containers as they are, with only the pod's surroundings swapped."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from pdx.local import default_document
+from pdx.local.plan import LOOPBACK, VLLM_SERVE_LOCAL, Layout
+from pdx.local.topology import LocalTopology
+from pdx.render import render
+from pdx.resource import load
+
+
+def plan(tmp_path: Path, doc: dict[str, Any] | None = None) -> dict[str, Any]:
+    topo = LocalTopology(doc or default_document(), state_dir=tmp_path)
+    return {p.name: p for p in topo.plan()}
+
+
+def rendered_args(doc: dict[str, Any], role: str) -> list[str]:
+    sts = next(o for o in render(load(doc)) if o["kind"] == "StatefulSet" and o["metadata"]["name"].endswith(role))
+    return list(sts["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_engines_run_the_rendered_arguments_through_the_vllm_serve_shim(tmp_path: Path) -> None:
+    procs = plan(tmp_path)
+    prefill = procs["local-prefill-0"]
+    assert prefill.argv[: len(VLLM_SERVE_LOCAL)] == VLLM_SERVE_LOCAL
+    rendered = rendered_args(default_document(), "prefill")[2:]  # after `vllm serve`
+    local = prefill.argv[len(VLLM_SERVE_LOCAL) :]
+    assert len(local) == len(rendered)
+    changed = {(r, m) for r, m in zip(rendered, local, strict=True) if r != m}
+    # Only the pod's surroundings differ: model path (volume), host/port, engine id (pod identity).
+    kv_json = rendered[rendered.index("--kv-transfer-config") + 1]
+    assert {r for r, _ in changed} == {"/models/pdx-tiny", "$(PDX_HTTP_HOST)", "$(PDX_HTTP_PORT)", kv_json}
+
+
+def test_a_changed_rendered_argument_shows_up_in_the_local_run(tmp_path: Path) -> None:
+    doc = copy.deepcopy(default_document())
+    doc["spec"]["kvTransfer"]["kvRecomputeThreshold"] = 300
+    doc["spec"]["decode"]["extraArgs"] = ["--max-num-batched-tokens", "4096"]
+    procs = plan(tmp_path, doc)
+    decode = procs["local-decode-0"].argv
+    kv = json.loads(decode[decode.index("--kv-transfer-config") + 1])
+    assert kv["kv_connector_extra_config"]["kv_recompute_threshold"] == 300
+    assert decode[-2:] == ["--max-num-batched-tokens", "4096"]
+    assert "--max-num-batched-tokens" not in procs["local-prefill-0"].argv
+
+
+def test_pods_get_loopback_distinct_ports_and_their_own_engine_ids(tmp_path: Path) -> None:
+    doc = copy.deepcopy(default_document())
+    doc["spec"]["decode"]["replicas"] = 2
+    procs = plan(tmp_path, doc)
+    engines = [p for p in procs.values() if p.role != "router"]
+    assert len(engines) == 3
+    ports = [p.port for p in engines] + [int(p.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]) for p in engines]
+    assert len(set(ports)) == len(ports)
+    ids = {json.loads(p.argv[p.argv.index("--kv-transfer-config") + 1])["engine_id"] for p in engines}
+    assert len(ids) == 3
+    for p in engines:
+        assert p.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == LOOPBACK
+        assert p.argv[p.argv.index("--host") + 1] == LOOPBACK
+        assert p.env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_router_reads_its_rendered_config_with_loopback_endpoints_of_one_generation(tmp_path: Path) -> None:
+    procs = plan(tmp_path)
+    router = procs["local-router-0"]
+    config_path = router.argv[router.argv.index("--config") + 1]
+    config = json.loads(router.files[config_path])
+    assert (config["host"], config["port"], config["dns"]) == (LOOPBACK, router.port, None)
+    assert config["kvRecomputeThreshold"] == 64 and config["conversationTtlSeconds"] == 450
+    endpoints = json.loads(router.files[config["endpointsFile"]])["endpoints"]
+    assert {e["role"] for e in endpoints} == {"prefill", "decode"}
+    assert {e["generation"] for e in endpoints} == {config["generation"]}
+    assert {e["url"] for e in endpoints} == {procs[e["name"]].url for e in endpoints}
+
+
+def test_volumes_map_under_the_state_and_cache_directories(tmp_path: Path) -> None:
+    procs = plan(tmp_path)
+    prefill = procs["local-prefill-0"]
+    layout = Layout(state_dir=tmp_path, model_cache=Path(prefill.env["HF_HOME"]).parent)
+    assert prefill.argv[len(VLLM_SERVE_LOCAL)] == str(layout.model_cache / "pdx-tiny")
+    router_files = list(procs["local-router-0"].files)
+    assert all(f.startswith(str(tmp_path)) for f in router_files)
