@@ -1,0 +1,159 @@
+"""All Kubernetes API I/O of the operator: get, list, server-side apply, status, delete.
+
+Built on the official client's transport (auth, TLS, kubeconfig or in-cluster config) but
+speaking plain JSON dicts, so rendered manifests go out as they are and any object can be
+compared with what was rendered. One field manager, `pdx-operator`, owns every child.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+from pdx.render.meta import MANAGER
+from pdx.spec import API_VERSION, KIND, PLURAL
+
+# Every kind the operator reads or writes: (apiVersion, kind) -> plural.
+PLURALS: dict[tuple[str, str], str] = {
+    ("v1", "Service"): "services",
+    ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Pod"): "pods",
+    ("apps/v1", "StatefulSet"): "statefulsets",
+    ("apps/v1", "Deployment"): "deployments",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    (API_VERSION, KIND): PLURAL,
+}
+
+APPLY = "application/apply-patch+yaml"  # JSON is YAML: the client sends the dict as JSON
+MERGE = "application/merge-patch+json"
+
+
+class ApiError(Exception):
+    """A non-2xx answer; `status` lets callers tell not-found and conflicts from failures."""
+
+    def __init__(self, status: int, method: str, path: str, message: str) -> None:
+        super().__init__(f"{method} {path}: HTTP {status}: {message}")
+        self.status = status
+
+
+def path_of(api_version: str, kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
+    plural = PLURALS[(api_version, kind)]
+    root = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    out = f"{root}/namespaces/{namespace}/{plural}"
+    if name:
+        out += f"/{name}"
+    if sub:
+        out += f"/{sub}"
+    return out
+
+
+def _matches(obj: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    have = (obj.get("metadata") or {}).get("labels") or {}
+    return all(have.get(k) == v for k, v in labels.items())
+
+
+def make_api_client() -> k8s_client.ApiClient:
+    """In-cluster service account first, then kubeconfig (same order as kopf's own login)."""
+    try:
+        k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except k8s_config.ConfigException:
+        k8s_config.load_kube_config()  # type: ignore[no-untyped-call]
+    return k8s_client.ApiClient(k8s_client.Configuration.get_default_copy())
+
+
+@dataclass
+class Kube:
+    """Synchronous API access; kopf runs sync handlers in its thread pool."""
+
+    api: k8s_client.ApiClient
+    field_manager: str = MANAGER
+    timeout: float = 15.0
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+    ) -> Any:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        m, url, hdrs, data, _ = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query or [],
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        resp = self.api.call_api(m, url, hdrs, data, _request_timeout=self.timeout)
+        raw = resp.read() or b""  # type: ignore[no-untyped-call]
+        if not 200 <= resp.status < 300:
+            try:
+                message = json.loads(raw).get("message") or raw[:300].decode(errors="replace")
+            except (ValueError, AttributeError):
+                message = raw[:300].decode(errors="replace")
+            raise ApiError(resp.status, method, path, message)
+        return json.loads(raw) if raw else None
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = self.call("GET", path_of(api_version, kind, namespace, name))
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+        return obj
+
+    def list(self, api_version: str, kind: str, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        """Objects carrying all `labels`; filtered here too, in case the server ignores selectors."""
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        try:
+            answer = self.call(
+                "GET", path_of(api_version, kind, namespace), query=[("labelSelector", selector)] if selector else []
+            )
+        except ApiError as err:
+            if err.status == 404:  # an API the server does not serve: nothing of ours there
+                return []
+            raise
+        items: list[dict[str, Any]] = (answer or {}).get("items") or []
+        for item in items:  # list items omit apiVersion/kind
+            item.setdefault("apiVersion", api_version)
+            item.setdefault("kind", kind)
+        return [i for i in items if _matches(i, labels)]
+
+    def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply; force takes fields back from whoever hand-edited them (drift)."""
+        meta = obj["metadata"]
+        path = path_of(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        query = [("fieldManager", self.field_manager), ("force", "true")]
+        out: dict[str, Any] = self.call("PATCH", path, query=query, body=dict(obj), content_type=APPLY)
+        return out
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        try:
+            self.call("DELETE", path_of(api_version, kind, namespace, name), body={"propagationPolicy": "Background"})
+        except ApiError as err:
+            if err.status != 404:
+                raise
+
+    def get_resource(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.get(API_VERSION, KIND, namespace, name)
+
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """JSON merge patch of the status subresource: only the keys given change."""
+        self.call(
+            "PATCH",
+            path_of(API_VERSION, KIND, namespace, name, "status"),
+            body={"status": dict(status)},
+            content_type=MERGE,
+        )

@@ -1,0 +1,118 @@
+"""The permissions the handlers need, written once; the Helm chart renders them from here.
+
+`python -m pdx.controller.rbac` prints the ClusterRole; `--peering` prints kopf's peering
+CRD and the peering object the replicas coordinate through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import yaml
+
+from pdx.spec import GROUP, PLURAL
+
+ROLE_NAME = "pdx-operator"
+PEERING_NAME = "pdx-operator"  # settings.peering.name in handlers.configure
+
+
+def rbac_rules() -> list[dict[str, Any]]:
+    """Least privilege for: watching the CR and patching its status; server-side applying,
+    listing and pruning the children; watching the children kopf reacts to; reading pods for
+    readiness and endpoints; posting events; kopf's peering and API discovery."""
+    return [
+        {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch"]},
+        {
+            "apiGroups": [""],
+            "resources": ["services", "configmaps"],
+            "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+        },
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
+        {
+            "apiGroups": ["apps"],
+            "resources": ["statefulsets", "deployments"],
+            "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+        },
+        {
+            "apiGroups": ["networking.k8s.io"],
+            "resources": ["networkpolicies"],
+            "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+        },
+        {
+            "apiGroups": ["policy"],
+            "resources": ["poddisruptionbudgets"],
+            "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+        },
+        # kopf: discovers resources, and watches namespaces when run with a namespace pattern.
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+        # kopf peering (cluster-wide operator): the replicas see each other here.
+        {
+            "apiGroups": ["kopf.dev"],
+            "resources": ["clusterkopfpeerings"],
+            "verbs": ["list", "watch", "patch", "get"],
+        },
+        {"apiGroups": ["kopf.dev"], "resources": ["kopfpeerings"], "verbs": ["list", "watch", "patch", "get"]},
+    ]
+
+
+def cluster_role() -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": ROLE_NAME, "labels": {"app.kubernetes.io/name": "pdx-operator"}},
+        "rules": rbac_rules(),
+    }
+
+
+def _peering_crd(kind: str, plural: str, scope: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.kopf.dev"},
+        "spec": {
+            "scope": scope,
+            "group": "kopf.dev",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {"status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def peering_manifests() -> list[dict[str, Any]]:
+    """kopf's peering CRDs plus the cluster-wide peering object the operator replicas share."""
+    return [
+        _peering_crd("ClusterKopfPeering", "clusterkopfpeerings", "Cluster"),
+        _peering_crd("KopfPeering", "kopfpeerings", "Namespaced"),
+        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": PEERING_NAME}},
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pdx.controller.rbac", description=__doc__)
+    p.add_argument("--peering", action="store_true", help="print the peering CRDs and object instead")
+    args = p.parse_args(argv)
+    docs = peering_manifests() if args.peering else [cluster_role()]
+    sys.stdout.write(yaml.safe_dump_all(docs, sort_keys=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,361 @@
+"""One level-triggered reconcile pass: read -> render -> apply what differs -> report.
+
+Every pass starts from the API (the CR, its children, its pods), never from the event that
+triggered it, so create, update, resume, the timer and child events all run the same code
+and a stale trigger cannot roll anything back. A child is written only if it is missing,
+was rendered differently (annotation `pdx.dev/applied-hash`), or was changed by hand (a
+rendered field differs live): a second pass with nothing changed sends no write at all.
+An invalid spec writes nothing but the InvalidSpec status; the running fleet stays as is.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pdx.controller import advice, rollout, status
+from pdx.controller.kube import ApiError, Kube
+from pdx.controller.rollout import PodView
+from pdx.render import config_hash, render
+from pdx.render.meta import LABEL_CONFIG_HASH, LABEL_ROLE, MANAGER, canonical_hash, router_name
+from pdx.render.router import ENDPOINTS_FILE
+from pdx.resource import SpecError, Target, load
+from pdx.spec import DisaggregatedInferenceSpec, DisaggregatedInferenceStatus
+
+log = logging.getLogger(__name__)
+
+ANNOTATION_APPLIED = "pdx.dev/applied-hash"
+# The kinds `render` produces; children of these kinds owned by the CR and no longer rendered
+# (e.g. a PodDisruptionBudget after scaling to one router) are pruned.
+CHILD_KINDS: tuple[tuple[str, str], ...] = (
+    ("v1", "Service"),
+    ("apps/v1", "StatefulSet"),
+    ("v1", "ConfigMap"),
+    ("apps/v1", "Deployment"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
+    ("policy/v1", "PodDisruptionBudget"),
+)
+
+StatsFetcher = Callable[[str], Mapping[str, Any] | None]
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to post on the CR (the handlers post them through kopf)."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass
+class Outcome:
+    body: dict[str, Any]  # the CR as read at the start of the pass
+    applied: list[str] = field(default_factory=list)  # "Kind/name (created|updated|repaired)"
+    pruned: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)  # the keys written, empty if none
+    invalid: str | None = None
+    error: str | None = None
+
+    @property
+    def writes(self) -> int:
+        return len(self.applied) + len(self.pruned) + (1 if self.status else 0)
+
+
+def instance_labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "pdx", "app.kubernetes.io/instance": name}
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    return obj["kind"], obj["metadata"]["name"]
+
+
+def subset(desired: Any, live: Any) -> bool:
+    """Whether every rendered field has the same value live; the server may add defaults."""
+    if isinstance(desired, Mapping):
+        return isinstance(live, Mapping) and all(k in live and subset(v, live[k]) for k, v in desired.items())
+    if isinstance(desired, list):
+        return isinstance(live, list) and len(desired) == len(live) and all(map(subset, desired, live))
+    return bool(desired == live)
+
+
+def stamp(obj: dict[str, Any]) -> dict[str, Any]:
+    """The manifest plus the hash of what was rendered: removals (which `subset` cannot see)
+    change the hash, so a field dropped from the render is dropped live by the next apply."""
+    meta = dict(obj["metadata"])
+    meta["annotations"] = {**meta.get("annotations", {}), ANNOTATION_APPLIED: canonical_hash(obj, 16)}
+    return {**obj, "metadata": meta}
+
+
+def needs_apply(desired: Mapping[str, Any], live: Mapping[str, Any] | None) -> str | None:
+    """Why the child must be applied (created/updated/repaired), or None if it is current."""
+    if live is None or (live.get("metadata") or {}).get("deletionTimestamp"):
+        return "created"
+    have = ((live.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_APPLIED)
+    if have != desired["metadata"]["annotations"][ANNOTATION_APPLIED]:
+        return "updated"
+    if not subset(desired, live):
+        return "repaired"
+    return None
+
+
+def pod_view(pod: Mapping[str, Any]) -> PodView:
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    st = pod.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
+    waiting = None
+    for cs in st.get("containerStatuses") or []:
+        reason = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
+        if reason:
+            waiting = reason
+    component = labels.get("app.kubernetes.io/component", "")
+    return PodView(
+        name=meta.get("name", ""),
+        role=labels.get(LABEL_ROLE) or component,
+        generation=labels.get(LABEL_CONFIG_HASH),
+        ready=ready,
+        ip=st.get("podIP"),
+        terminating=bool(meta.get("deletionTimestamp")),
+        waiting_reason=waiting,
+    )
+
+
+def owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return uid is not None and any(r.get("uid") == uid and r.get("controller") for r in refs)
+
+
+_specs: OrderedDict[str, DisaggregatedInferenceSpec | SpecError] = OrderedDict()
+_specs_lock = threading.Lock()
+SPEC_CACHE_SIZE = 2048
+
+
+def load_target(body: Mapping[str, Any], namespace: str) -> Target:
+    """`load` with a cache: the CEL rules cost tens of ms per evaluation, and every trigger
+    (timer, child events) would otherwise validate an unchanged spec again."""
+    meta = body.get("metadata") or {}
+    key = json.dumps([body.get("apiVersion"), body.get("kind"), meta.get("name"), body.get("spec")], sort_keys=True)
+    with _specs_lock:
+        hit = _specs.get(key)
+        if hit is not None:
+            _specs.move_to_end(key)
+    if hit is None:
+        try:
+            hit = load(dict(body), default_namespace=namespace).spec
+        except SpecError as err:
+            hit = err
+        with _specs_lock:
+            _specs[key] = hit
+            while len(_specs) > SPEC_CACHE_SIZE:
+                _specs.popitem(last=False)
+    if isinstance(hit, SpecError):
+        raise hit
+    return Target(
+        name=meta["name"],
+        namespace=meta.get("namespace") or namespace,
+        spec=hit,
+        uid=meta.get("uid"),
+        generation=meta.get("generation"),
+    )
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def router_url(target: Target) -> str:
+    return f"http://{router_name(target)}.{target.namespace}.svc:{target.spec.router.port}"
+
+
+def _previous_status(body: Mapping[str, Any]) -> DisaggregatedInferenceStatus | None:
+    raw = body.get("status")
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return DisaggregatedInferenceStatus.model_validate({k: v for k, v in raw.items() if k != "kopf"})
+    except ValueError:
+        return None  # someone wrote garbage into status: start over
+
+
+def _desired_from_live(children: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict[str, int]:
+    """Replica counts in force while the spec is invalid (nothing new was applied)."""
+    out: dict[str, int] = {}
+    for (kind, _), obj in children.items():
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        component = labels.get("app.kubernetes.io/component")
+        if kind in ("StatefulSet", "Deployment") and component in ("prefill", "decode", "router"):
+            out[component] = int((obj.get("spec") or {}).get("replicas") or 0)
+    return out
+
+
+def reconcile(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    *,
+    fetch_stats: StatsFetcher | None = None,
+    now: Callable[[], str] = _now,
+) -> Outcome | None:
+    """One pass for one DisaggregatedInference; None when it no longer exists.
+
+    `fetch_stats` (the periodic check only) reads the router's reuse counters; its failure
+    changes nothing but the absence of fresh numbers.
+    """
+    body = kube.get_resource(namespace, name)
+    if body is None:
+        return None
+    meta = body.get("metadata") or {}
+    out = Outcome(body=body)
+    if meta.get("deletionTimestamp"):
+        return out  # the garbage collector removes the children through their ownerReferences
+    uid = meta.get("uid")
+    labels = instance_labels(name)
+    previous = _previous_status(body)
+
+    children: dict[tuple[str, str], dict[str, Any]] = {}
+    for api_version, kind in CHILD_KINDS:
+        for obj in kube.list(api_version, kind, namespace, labels):
+            if owned_by(obj, uid):
+                children[_key(obj)] = obj
+    pods = [pod_view(p) for p in kube.list("v1", "Pod", namespace, labels)]
+
+    try:
+        target: Target | None = load_target(body, namespace)
+    except SpecError as err:
+        target = None
+        out.invalid = str(err)
+
+    published: str | None = None
+    if target is not None:
+        target_hash = config_hash(target)
+        published, endpoints = rollout.endpoints(pods, target_hash)
+        desired_objs = [stamp(o) for o in render(target, endpoints)]
+        wanted = {_key(o) for o in desired_objs}
+        old_hash = previous.config_hash if previous else None
+        if old_hash and old_hash != target_hash:
+            out.events.append(
+                Event(
+                    "Normal", "RollingOut", f"prefill and decode move together from config {old_hash} to {target_hash}"
+                )
+            )
+        try:
+            for obj in desired_objs:
+                why = needs_apply(obj, children.get(_key(obj)))
+                if why is None:
+                    continue
+                kube.apply(obj)
+                out.applied.append(f"{obj['kind']}/{obj['metadata']['name']} ({why})")
+            for key, obj in children.items():
+                if key not in wanted:
+                    kube.delete(obj["apiVersion"], obj["kind"], namespace, key[1])
+                    out.pruned.append(f"{key[0]}/{key[1]}")
+        except ApiError as err:
+            out.error = str(err)
+            out.events.append(Event("Warning", "ApplyFailed", str(err)))
+        # One event per kind of action and pass, not one per object: 11 children are created at once.
+        repaired = [i for i in out.applied if i.endswith("(repaired)")]
+        applied = [i for i in out.applied if not i.endswith("(repaired)")]
+        if applied:
+            out.events.append(Event("Normal", "Applied", f"config {target_hash}: " + ", ".join(applied)))
+        if repaired:
+            out.events.append(Event("Normal", "DriftRepaired", "changed by hand, restored: " + ", ".join(repaired)))
+        if out.pruned:
+            out.events.append(Event("Normal", "Pruned", "no longer rendered: " + ", ".join(out.pruned)))
+        before = _published_before(children)
+        if before is not None and before != published and not out.error:
+            out.events.append(Event("Normal", "EndpointsSwitched", f"the router now pairs config {published} only"))
+        observed = status.Observation(
+            generation=meta.get("generation"),
+            config_hash=target_hash,
+            desired={
+                "prefill": target.spec.prefill.replicas,
+                "decode": target.spec.decode.replicas,
+                "router": target.spec.router.replicas,
+            },
+            pods=pods,
+            published=published,
+            apply_error=out.error,
+            router_address=router_url(target),
+            bidirectional=target.spec.kv_transfer.bidirectional,
+            reuse=_reuse(fetch_stats, router_url(target)),
+        )
+    else:
+        was_invalid = previous is not None and any(
+            c.type == "InvalidSpec" and c.status == "True" and c.message == out.invalid for c in previous.conditions
+        )
+        if not was_invalid:
+            out.events.append(Event("Warning", "InvalidSpec", f"edit rejected, nothing applied: {out.invalid}"))
+        observed = status.Observation(
+            generation=meta.get("generation"),
+            config_hash=previous.config_hash if previous else None,
+            desired=_desired_from_live(children),
+            pods=pods,
+            published=_published_before(children),
+            invalid=out.invalid,
+            router_address=previous.router_address if previous else None,
+            bidirectional=previous.bidirectional if previous else None,
+        )
+
+    new = status.compute(observed, previous, now())
+    out.status = _status_delta(body.get("status") or {}, new)
+    if previous is not None and out.status:
+        _transition_events(previous, new, out)
+    if out.status:
+        kube.patch_status(namespace, name, out.status)
+    return out
+
+
+def _published_before(children: Mapping[tuple[str, str], Mapping[str, Any]]) -> str | None:
+    """The generation currently in the endpoints ConfigMap (as last applied)."""
+    for (kind, _), obj in children.items():
+        data = obj.get("data") or {}
+        if kind == "ConfigMap" and ENDPOINTS_FILE in data:
+            try:
+                gens = {e.get("generation") for e in json.loads(data[ENDPOINTS_FILE]).get("endpoints", [])}
+            except (ValueError, AttributeError):
+                return None
+            return next(iter(gens)) if len(gens) == 1 else None
+    return None
+
+
+def _reuse(fetch: StatsFetcher | None, url: str) -> Any:
+    if fetch is None:
+        return None
+    try:
+        stats = fetch(url)
+    except Exception as err:  # best effort: the router may be starting, gone, or unreachable
+        log.debug("router stats from %s unavailable: %s", url, err)
+        return None
+    return advice.reuse_status(stats) if stats else None
+
+
+def _status_delta(live: Mapping[str, Any], new: DisaggregatedInferenceStatus) -> dict[str, Any]:
+    """Only the top-level keys whose value changed (a merge patch of exactly those)."""
+    doc = new.model_dump(by_alias=True, exclude_none=True, mode="json")
+    return {k: v for k, v in doc.items() if live.get(k) != v}
+
+
+def _transition_events(before: DisaggregatedInferenceStatus, after: DisaggregatedInferenceStatus, out: Outcome) -> None:
+    old = {c.type: c for c in before.conditions}
+    for c in after.conditions:
+        prev = old.get(c.type)
+        if prev is not None and prev.status == c.status:
+            continue
+        if c.type == "InvalidSpec" and c.status == "False" and prev is not None:
+            out.events.append(Event("Normal", "SpecValid", "the spec is valid again; applying it"))
+        elif c.type == "Ready":
+            kind: Literal["Normal", "Warning"] = "Normal" if c.status == "True" else "Warning"
+            out.events.append(Event(kind, "Ready" if c.status == "True" else "NotReady", c.message))
+        elif c.type == "Degraded" and c.status == "True" and c.reason != "InvalidSpec":
+            out.events.append(Event("Warning", c.reason, c.message))
+
+
+__all__ = ["MANAGER", "Event", "Outcome", "needs_apply", "reconcile", "subset"]
