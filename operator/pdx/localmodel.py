@@ -30,8 +30,8 @@ _SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 _CORPUS_SEED = 20240607
 _CORPUS_SENTENCES = 40_000
 _WEIGHTS_SEED = 1234
-_WEIGHT_STD = 0.1
-_EMBED_STD = 0.02
+_WEIGHT_STD = 0.05
+_EMBED_STD = 0.1
 
 # ChatML, the format of the Qwen family; add_generation_prompt opens the assistant turn.
 CHAT_TEMPLATE = (
