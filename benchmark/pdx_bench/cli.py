@@ -301,7 +301,12 @@ def execute(target: Target, cfg: SweepConfig, out: Path, counter_for: Any) -> in
         records, out, title="pdx bench: bidirectional KV transfer OFF vs ON", context=context, notes=notes
     )
     files.update(written)
-    summary = {"context": context, "rows": [_row_json(r) for r in rows], "errors": len(errors)}
+    summary = {
+        "context": context,
+        "rows": [_row_json(r) for r in rows],
+        "errors": len(errors),
+        "router_stats": {leg.leg: leg.router_stats for leg in results},
+    }
     files["summary"] = out / "summary.json"
     files["summary"].write_text(json.dumps(summary, indent=2) + "\n")
     print("TTFT in ms by prefix length (turns >= 2):")

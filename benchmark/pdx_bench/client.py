@@ -144,14 +144,21 @@ def to_record(
     *,
     conversation: Conversation,
     turn: int,
-    num_messages: int,
+    messages: Sequence[Mapping[str, str]],
     client_id: int,
     counter: TokenCounter,
     leg: str = "",
 ) -> RequestRecord:
-    """Derive vLLM's per-request stats from a reply (token counts from the engine's usage)."""
+    """Derive vLLM's per-request stats from a reply.
+
+    Token counts come from the engine's usage; a server that sends none gets vLLM's own
+    approximation instead (message contents counted by the workload's counter).
+    """
     out_tokens = reply.completion_tokens if reply.completion_tokens is not None else counter.count(reply.content)
-    in_tokens = reply.prompt_tokens if reply.prompt_tokens is not None else -1
+    if reply.prompt_tokens is not None:
+        in_tokens = reply.prompt_tokens
+    else:
+        in_tokens = sum(counter.count(m["content"]) for m in messages)
     first_tokens = max(1, counter.count(reply.first_chunk)) if reply.first_chunk else 0
     ttft = reply.ttft_ms
     tpot = 0.0
@@ -166,7 +173,7 @@ def to_record(
         tpot_ms=tpot,
         latency_ms=reply.latency_ms,
         start_time_ms=reply.start_time_ms,
-        input_num_turns=num_messages,
+        input_num_turns=len(messages),
         input_num_tokens=in_tokens,
         output_num_tokens=out_tokens,
         output_num_chunks=reply.content_chunks,
@@ -273,7 +280,7 @@ async def run(
                     reply,
                     conversation=conv,
                     turn=turn,
-                    num_messages=len(messages),
+                    messages=messages,
                     client_id=client_id,
                     counter=counter,
                     leg=leg,
