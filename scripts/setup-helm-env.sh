@@ -12,7 +12,8 @@ PYYAML=6.0.2
 
 find_python() {
   if [ -n "${PYTHON312:-}" ]; then echo "$PYTHON312"; return; fi
-  for candidate in python3.12 "$(pyenv root 2>/dev/null)/versions/3.12.1/bin/python3.12"; do
+  for candidate in python3.12 "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3.12 \
+      "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12 /usr/bin/python3.12 /usr/local/bin/python3.12; do
     if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
       echo "$candidate"; return
     fi
