@@ -169,7 +169,16 @@ def _turn_of(rec: dict[str, Any]) -> int:
 
 
 def _median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
+    present = [v for v in values if v == v]
+    return statistics.median(present) if present else float("nan")
+
+
+def _num(rec: dict[str, Any], key: str) -> float:
+    """A numeric field, NaN when absent: a malformed record fails its check, not the run."""
+    try:
+        return float(rec[key])
+    except (KeyError, TypeError, ValueError):
+        return float("nan")
 
 
 def compare(
@@ -194,7 +203,7 @@ def compare(
         Check(
             "record fields",
             bool(vkeys) and vkeys <= set(pkeys) and tuple(pkeys[: len(VLLM_FIELDS)]) == VLLM_FIELDS,
-            ",".join(sorted(vkeys)) or "-",
+            f"{len(vkeys)} fields",
             f"{len(pkeys)} fields, vLLM's first",
             "every vLLM field present in pdx's records, in vLLM's order",
         )
@@ -205,15 +214,15 @@ def compare(
         Check("turns per request", v_turns == p_turns and p_turns == sorted(list(range(1, turns + 1)) * conversations),
               _hist(v_turns), _hist(p_turns), "same turn indices (input_num_turns = 2*turn-1)")
     )  # fmt: skip
-    v_out = _median([float(r["output_num_tokens"]) for r in vllm_records])
-    p_out = _median([float(r["output_num_tokens"]) for r in pdx_records])
+    v_out = _median([_num(r, "output_num_tokens") for r in vllm_records])
+    p_out = _median([_num(r, "output_num_tokens") for r in pdx_records])
     checks.append(
         Check("output tokens (median)", abs(v_out - p_out) <= 0.25 * max_tokens + 1,
               f"{v_out:.0f}", f"{p_out:.0f}", f"within 25% of max_tokens={max_tokens}")
     )  # fmt: skip
     for turn in range(1, turns + 1):
-        v_in = _median([float(r["input_num_tokens"]) for r in vllm_records if _turn_of(r) == turn])
-        p_in = _median([float(r["input_num_tokens"]) for r in pdx_records if int(r["turn"]) == turn])
+        v_in = _median([_num(r, "input_num_tokens") for r in vllm_records if _turn_of(r) == turn])
+        p_in = _median([_num(r, "input_num_tokens") for r in pdx_records if int(r["turn"]) == turn])
         msgs = 2 * turn - 1
         # pdx counts the chat template too (a few tokens per message); histories differ in text.
         slack = 0.15 * v_in + max_tokens * 0.25 * (turn - 1)
@@ -223,8 +232,8 @@ def compare(
                   "pdx = vLLM + chat template (<= 8/message), within 15%")
         )  # fmt: skip
     for label, first in (("turn 1", True), ("turns >= 2", False)):
-        v_t = _median([float(r["ttft_ms"]) for r in vllm_records if (_turn_of(r) == 1) == first])
-        p_t = _median([float(r["ttft_ms"]) for r in pdx_records if (int(r["turn"]) == 1) == first])
+        v_t = _median([_num(r, "ttft_ms") for r in vllm_records if (_turn_of(r) == 1) == first])
+        p_t = _median([_num(r, "ttft_ms") for r in pdx_records if (int(r["turn"]) == 1) == first])
         ok = v_t > 0 and p_t > 0 and max(v_t, p_t) <= ttft_factor * min(v_t, p_t)
         checks.append(Check(f"TTFT {label} (median ms)", ok, f"{v_t:.1f}", f"{p_t:.1f}", f"within {ttft_factor}x"))
     follow_ups = conversations * (turns - 1)
