@@ -20,6 +20,7 @@ class FakeRouter:
     fail_turn: int | None = None  # answer 500 on this turn (1-based, any conversation)
     bidirectional: bool = True  # off: every turn is a miss and pays per prompt token
     per_token_delay: float = 0.0  # recompute cost per prompt token when a turn is not a hit
+    send_usage: bool = True
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     seen: dict[str, int] = field(default_factory=dict)
@@ -63,7 +64,8 @@ class FakeRouter:
                 await asyncio.sleep(self.token_delay)
             await send({"choices": [{"index": 0, "delta": {"content": f" w{turn}x{i}"}}]})
         usage = {"prompt_tokens": self.prompt_tokens(body), "completion_tokens": n, "total_tokens": 0}
-        await send({"choices": [], "usage": usage})
+        if self.send_usage:
+            await send({"choices": [], "usage": usage})
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp

@@ -112,3 +112,14 @@ def test_parse_totals_sums_engines_and_ignores_other_metrics() -> None:
     )
     t = parse_totals(text)
     assert (t.seconds, t.count, t.bytes) == (0.75, 3.0, 0.0)
+
+
+async def test_without_usage_tokens_are_counted_like_vllm_does() -> None:
+    fake = FakeRouter(first_token_delay=0.0, token_delay=0.0, send_usage=False)
+    w = build(WorkloadSpec(prefix_tokens=40, turns=2, conversations=1, user_tokens=6, tool_tokens=9, output_tokens=3))
+    async with serve(fake) as url, aiohttp.ClientSession() as s:
+        res = await run(s, url, "m", w)
+    first, second = res.records
+    assert first.input_num_tokens == 40 + 6  # message contents only, no template
+    assert first.output_num_tokens == 3  # counted from the streamed text
+    assert second.input_num_tokens == 40 + 6 + 3 + (9 + 6)
