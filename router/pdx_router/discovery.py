@@ -12,9 +12,13 @@ import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import aiohttp
+
 from .config import ConfigError, RouterConfig, normalize_url
 from .endpoints import Endpoint, Role
 from .upstream import Upstream, block_size_from_metrics
+
+FAILURE_THRESHOLD = 3
 
 log = logging.getLogger("pdx_router.discovery")
 
@@ -178,9 +182,15 @@ class Discovery:
         timeout = min(5.0, self.cfg.health_check_interval_seconds)
         try:
             status, _ = await self.upstream.get(ep.url + "/health", timeout)
-            healthy = status == 200
-        except Exception:  # any failure to answer means not healthy
-            healthy = False
+            ok, definite = status == 200, False
+        except aiohttp.ClientConnectorError:  # nothing listens: the engine is gone
+            ok, definite = False, True
+        except Exception:  # slow or odd answer: a busy engine, count it
+            ok, definite = False, False
+        ep.failures = 0 if ok else ep.failures + 1
+        # Like a readiness probe's failureThreshold: a loaded engine answering /health late
+        # must not take the whole fleet out of rotation.
+        healthy = ok or (ep.healthy and not definite and ep.failures < FAILURE_THRESHOLD)
         if healthy != ep.healthy:
             log.info("%s %s is now %s", ep.role, ep.url, "healthy" if healthy else "unhealthy")
         ep.healthy = healthy

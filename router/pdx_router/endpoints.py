@@ -17,6 +17,7 @@ class Endpoint:
     generation: str
     name: str = ""
     healthy: bool = True
+    failures: int = 0  # consecutive failed health checks
     outstanding: int = 0
     block_size: int | None = None
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pdx_router.discovery import Found, Pool, read_endpoints_file, resolve, url_for
+from pdx_router.discovery import FAILURE_THRESHOLD, Found, Pool, read_endpoints_file, resolve, url_for
 
 from .conftest import StackFactory
 from .helpers import LONG, chat, user
@@ -72,6 +72,10 @@ async def test_ready_is_503_without_a_healthy_pair(make_stack: StackFactory, htt
     s = await make_stack()
     s.decode.healthy = False
     await s.router.discovery.check_all()
+    # One failed probe is a busy engine, not a dead one (like a readiness failureThreshold).
+    assert (await http.get(s.url + "/ready")).status == 200
+    for _ in range(FAILURE_THRESHOLD - 1):
+        await s.router.discovery.check_all()
     assert (await http.get(s.url + "/ready")).status == 503
     status, _, _ = await chat(http, s.url, [user(LONG)])
     assert status == 503
