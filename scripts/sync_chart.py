@@ -8,9 +8,6 @@
 - `charts/pdx-operator/crds/kopf-peering.yaml` holds kopf's peering CRDs as
   `pdx.controller.rbac.peering_manifests()` defines them.
 
-Without `pdx.controller.rbac` (an older tree), the stand-ins below are used and the generated
-files name them as their source.
-
     python scripts/sync_chart.py           # write the copies
     python scripts/sync_chart.py --check   # exit 1 and name the stale files
 """
@@ -36,62 +33,6 @@ PEERING_CRDS = CHART / "crds" / "kopf-peering.yaml"
 RBAC_MODULE = "pdx.controller.rbac"
 RULES_TEMPLATE = "pdx-operator.rbacRules"
 PEERING_TEMPLATE = "pdx-operator.peeringName"
-FALLBACK_PEERING_NAME = "pdx-operator"
-
-_CRUD = ["get", "list", "watch", "create", "update", "patch", "delete"]
-
-# Stand-in when pdx.controller.rbac is absent: the verbs a kopf operator reconciling the
-# DisaggregatedInference children needs, and kopf's own needs (peering, events, discovery).
-FALLBACK_RULES: list[dict[str, Any]] = [
-    {
-        "apiGroups": ["inference.pdx.dev"],
-        "resources": ["disaggregatedinferences"],
-        "verbs": ["get", "list", "watch", "patch", "update"],
-    },
-    {
-        "apiGroups": ["inference.pdx.dev"],
-        "resources": ["disaggregatedinferences/status"],
-        "verbs": ["get", "patch", "update"],
-    },
-    {"apiGroups": ["apps"], "resources": ["statefulsets", "deployments"], "verbs": _CRUD},
-    {"apiGroups": [""], "resources": ["services", "configmaps"], "verbs": _CRUD},
-    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": _CRUD},
-    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": _CRUD},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-    {
-        "apiGroups": ["kopf.dev"],
-        "resources": ["clusterkopfpeerings", "kopfpeerings"],
-        "verbs": ["get", "list", "watch", "patch"],
-    },
-    {
-        "apiGroups": ["apiextensions.k8s.io"],
-        "resources": ["customresourcedefinitions"],
-        "verbs": ["list", "watch"],
-    },
-    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
-]
-
-
-def _fallback_peering_crd(kind: str, plural: str, scope: str) -> dict[str, Any]:
-    status = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-    version = {
-        "name": "v1",
-        "served": True,
-        "storage": True,
-        "schema": {"openAPIV3Schema": {"type": "object", "properties": {"status": status}}},
-    }
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.kopf.dev"},
-        "spec": {
-            "scope": scope,
-            "group": "kopf.dev",
-            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
-            "versions": [version],
-        },
-    }
 
 
 @dataclass(frozen=True)
@@ -105,21 +46,8 @@ class OperatorContract:
 
 
 def operator_contract() -> OperatorContract:
-    """The operator's definitions when its module exists, the stand-ins otherwise."""
-    try:
-        module = importlib.import_module(RBAC_MODULE)
-    except ModuleNotFoundError as err:
-        if err.name is None or not RBAC_MODULE.startswith(err.name):
-            raise
-        return OperatorContract(
-            source="the stand-ins of scripts/sync_chart.py",
-            rules=FALLBACK_RULES,
-            peering_name=FALLBACK_PEERING_NAME,
-            peering_crds=[
-                _fallback_peering_crd("ClusterKopfPeering", "clusterkopfpeerings", "Cluster"),
-                _fallback_peering_crd("KopfPeering", "kopfpeerings", "Namespaced"),
-            ],
-        )
+    """The operator's own definitions: the chart never writes its RBAC a second time."""
+    module = importlib.import_module(RBAC_MODULE)
     rules_fn = cast(Callable[[], list[dict[str, Any]]], module.rbac_rules)
     manifests_fn = cast(Callable[[], list[dict[str, Any]]], module.peering_manifests)
     crds = [m for m in manifests_fn() if m.get("kind") == "CustomResourceDefinition"]
