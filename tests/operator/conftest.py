@@ -26,8 +26,8 @@ from kubernetes import client as k8s_client
 
 os.environ.setdefault("PDX_RESYNC_SECONDS", "0.5")  # before pdx.controller.handlers is imported
 
-from pdx.controller.kube import Kube  # noqa: E402
-from pdx.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION  # noqa: E402
+from pdx.controller.kube import Kube
+from pdx.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 NS = "inference"
 CR = kmock.resource(GROUP, VERSION, PLURAL)
@@ -96,6 +96,8 @@ class ApiServer(kmock.KubernetesEmulator):
 
 def _stamp_new(data: dict[str, Any], namespace: str | None, version: str) -> None:
     meta = data.setdefault("metadata", {})
+    if not meta.get("name") and meta.get("generateName"):
+        meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
     meta.setdefault("uid", str(uuid.uuid4()))
     meta.setdefault("generation", 1)
     meta["resourceVersion"] = version
@@ -273,33 +275,35 @@ async def in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 @pytest.fixture
-async def operator(api: ApiServer, kube: Kube, kubeconfig: Path) -> AsyncIterator[Callable[..., Any]]:
-    """Start kopf (all handlers of pdx.controller.handlers) in this loop against kmock."""
-    import kopf
+async def operator(
+    api: ApiServer, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Callable[..., Any]]:
+    """`kopf run -A --standalone -m pdx.controller.handlers` in a thread (its own loop, as
+    in production its own process), logged in through the kubeconfig that points at kmock.
+    Stopping happens in a worker thread so this loop keeps serving kmock meanwhile."""
+    from kopf.testing import KopfRunner
 
-    import pdx.controller.handlers  # noqa: F401  (registers the handlers)
+    import pdx.controller.handlers as handlers
 
-    tasks: list[tuple[asyncio.Task[None], asyncio.Event]] = []
+    runners: list[KopfRunner] = []
 
     async def start(stats: Callable[[str], Any] | None = None) -> Callable[[], Any]:
-        stop = asyncio.Event()
-        memo = kopf.Memo(kube=kube, fetch_stats=stats or (lambda url: None))
-        task = asyncio.create_task(
-            kopf.operator(clusterwide=True, standalone=True, stop_flag=stop, memo=memo)
-        )
-        tasks.append((task, stop))
+        monkeypatch.setattr(handlers, "fetch_router_stats", stats or (lambda url: None))
+        runner = KopfRunner(["run", "-A", "--standalone", "-m", "pdx.controller.handlers"], timeout=60)
+        runner.__enter__()
+        runners.append(runner)
 
         async def stop_it() -> None:
-            stop.set()
-            await asyncio.wait_for(task, 10)
+            if runner in runners:
+                runners.remove(runner)
+                await asyncio.to_thread(runner.__exit__, None, None, None)
+                assert runner.exit_code == 0, runner.output
 
         return stop_it
 
     yield start
-    for task, stop in tasks:
-        stop.set()
-        if not task.done():
-            await asyncio.wait_for(task, 10)
+    for runner in list(runners):
+        await asyncio.to_thread(runner.__exit__, None, None, None)
 
 
 def _verb(request: kmock.Request) -> str:

@@ -97,7 +97,9 @@ def test_invalid_spec_degrades_but_keeps_fleet_status() -> None:
 
 def test_crashlooping_pod_degrades() -> None:
     obs = fleet("aaa", 1, 2)
-    bad = PodView(name="demo-prefill-1", role="prefill", generation="aaa", ready=False, waiting_reason="CrashLoopBackOff")
+    bad = PodView(
+        name="demo-prefill-1", role="prefill", generation="aaa", ready=False, waiting_reason="CrashLoopBackOff"
+    )
     st = status.compute(status.Observation(**{**obs.__dict__, "pods": [*obs.pods, bad]}), None, NOW)
     assert conds(st)["Degraded"].reason == "PodsFailing"
     assert "demo-prefill-1 (CrashLoopBackOff)" in conds(st)["Degraded"].message
