@@ -33,43 +33,25 @@ EFA_ENV: dict[str, str] = {
     "NIXL_LOG_LEVEL": "INFO",
 }
 
+
+def _gpu_node(efa_devices: int, memory_gi: int, cpus: int, shm_size: str) -> InstanceProfile:
+    """An 8-GPU EFA node; engine pods ask their GPU share of its memory and CPUs."""
+    return InstanceProfile(
+        gpus=8,
+        efa_devices=efa_devices,
+        memory_gi=memory_gi,
+        cpus=cpus,
+        hugepages_2mi="5128Mi",
+        shm_size=shm_size,
+        fi_env=EFA_ENV,
+    )
+
+
 PROFILES: dict[str, InstanceProfile] = {
-    "p5en.48xlarge": InstanceProfile(
-        memory_gi=1900,
-        cpus=180,
-        gpus=8,
-        efa_devices=16,
-        hugepages_2mi="5128Mi",
-        shm_size="64Gi",
-        fi_env=EFA_ENV,
-    ),
-    "p5.48xlarge": InstanceProfile(
-        memory_gi=1900,
-        cpus=180,
-        gpus=8,
-        efa_devices=32,
-        hugepages_2mi="5128Mi",
-        shm_size="64Gi",
-        fi_env=EFA_ENV,
-    ),
-    "p5e.48xlarge": InstanceProfile(
-        memory_gi=1900,
-        cpus=180,
-        gpus=8,
-        efa_devices=32,
-        hugepages_2mi="5128Mi",
-        shm_size="64Gi",
-        fi_env=EFA_ENV,
-    ),
-    "p4d.24xlarge": InstanceProfile(
-        memory_gi=1100,
-        cpus=90,
-        gpus=8,
-        efa_devices=4,
-        hugepages_2mi="5128Mi",
-        shm_size="32Gi",
-        fi_env=EFA_ENV,
-    ),
+    "p5en.48xlarge": _gpu_node(efa_devices=16, memory_gi=1900, cpus=180, shm_size="64Gi"),
+    "p5.48xlarge": _gpu_node(efa_devices=32, memory_gi=1900, cpus=180, shm_size="64Gi"),
+    "p5e.48xlarge": _gpu_node(efa_devices=32, memory_gi=1900, cpus=180, shm_size="64Gi"),
+    "p4d.24xlarge": _gpu_node(efa_devices=4, memory_gi=1100, cpus=90, shm_size="32Gi"),
     # No accelerator and no EFA: the local CPU runtime and CPU-only test clusters.
     "cpu": InstanceProfile(gpus=0, efa_devices=0, shm_size="1Gi", gpu_taint=False),
 }

@@ -344,15 +344,16 @@ class DisaggregatedInferenceSpec(_Spec):
         return "LIBFABRIC" in self.backends and self.placement.efa_devices > 0
 
 
-class Condition(_Spec):
-    """A status condition (Kubernetes convention)."""
+class _Status(_Spec):
+    """Base of what the operator writes: tolerant of fields a newer operator added."""
 
     model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="allow",
-        use_attribute_docstrings=True,
+        alias_generator=to_camel, populate_by_name=True, extra="allow", frozen=True, use_attribute_docstrings=True
     )
+
+
+class Condition(_Status):
+    """A status condition (Kubernetes convention)."""
 
     type: str
     """Condition type."""
@@ -368,15 +369,8 @@ class Condition(_Spec):
     """metadata.generation this condition was computed for."""
 
 
-class RoleStatus(_Spec):
+class RoleStatus(_Status):
     """Ready versus desired engines of one role."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="allow",
-        use_attribute_docstrings=True,
-    )
 
     ready: int = 0
     """Ready pods."""
@@ -388,15 +382,8 @@ class RoleStatus(_Spec):
     """ready/desired, for printer columns."""
 
 
-class ReuseStatus(_Spec):
+class ReuseStatus(_Status):
     """Counters read from the router."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="allow",
-        use_attribute_docstrings=True,
-    )
 
     hit_rate: float | None = None
     """Share of turns with a stored entry that reused decode's KV."""
@@ -408,15 +395,8 @@ class ReuseStatus(_Spec):
     """decoderKvBlocksTtlSeconds that would cover the observed inter-turn gaps (p95 + margin); advice only."""
 
 
-class DisaggregatedInferenceStatus(_Spec):
+class DisaggregatedInferenceStatus(_Status):
     """What the operator observed."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="allow",
-        use_attribute_docstrings=True,
-    )
 
     observed_generation: int | None = None
     """metadata.generation last reconciled."""
