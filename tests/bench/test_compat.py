@@ -12,7 +12,7 @@ from .synth import record
 
 
 def _vllm(conv: int, turn: int, ttft: float, tokens: int) -> dict[str, Any]:
-    rec = {k: 0 for k in VLLM_FIELDS}
+    rec: dict[str, Any] = dict.fromkeys(VLLM_FIELDS, 0)
     rec.update(ttft_ms=ttft, input_num_turns=2 * turn - 1, input_num_tokens=tokens, output_num_tokens=32,
                conversation_id=f"vllm-c{conv}")  # fmt: skip
     return rec
