@@ -85,3 +85,28 @@ def test_volumes_map_under_the_state_and_cache_directories(tmp_path: Path) -> No
     assert prefill.argv[len(VLLM_SERVE_LOCAL)] == str(layout.model_cache / "pdx-tiny")
     router_files = list(procs["local-router-0"].files)
     assert all(f.startswith(str(tmp_path)) for f in router_files)
+
+
+def test_a_state_directory_owned_by_a_running_topology_is_refused(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+
+    from pdx.local.topology import STATE_ENV, TopologyError, recorded_alive, stop_recorded
+
+    env = {**os.environ, STATE_ENV: str(tmp_path.resolve())}
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env, start_new_session=True)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        (tmp_path / "pids.json").write_text(json.dumps({"local-router-0": sleeper.pid, "other": stranger.pid}))
+        assert recorded_alive(tmp_path.resolve()) == {"local-router-0": sleeper.pid}
+        with pytest.raises(TopologyError, match="pdx local down"):
+            LocalTopology(default_document(), state_dir=tmp_path).start()
+        assert stop_recorded(tmp_path.resolve()) == ["local-router-0"]
+        assert sleeper.wait(10) != 0
+        assert stranger.poll() is None  # not ours: left alone
+    finally:
+        sleeper.kill()
+        stranger.kill()

@@ -123,6 +123,12 @@ class LocalTopology:
         self.stop()
 
     def start(self) -> None:
+        live = recorded_alive(self.state_dir)
+        if live:
+            raise TopologyError(
+                f"{self.state_dir} belongs to a running topology ({', '.join(live)}): "
+                "stop it with `pdx local down`, or pass another state directory"
+            )
         self.model_dir = ensure_model(self.target, self.layout.model_cache)
         self.processes = self.plan()
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -243,20 +249,29 @@ def _vm_hwm_kib(pid: int) -> int:
     return 0
 
 
-def stop_recorded(state_dir: Path) -> list[str]:
-    """End the processes a previous `pdx local up` recorded, and only those."""
+def recorded_alive(state_dir: Path) -> dict[str, int]:
+    """Processes a `pdx local up` recorded in `state_dir` that still run (and are still its own)."""
     pids_file = state_dir / "pids.json"
     if not pids_file.exists():
-        return []
-    stopped = []
+        return {}
+    alive = {}
     for name, pid in json.loads(pids_file.read_text()).items():
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
         if f"{STATE_ENV}={state_dir}".encode() in environ:  # still ours, not a reused pid
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGTERM)
-                stopped.append(name)
-    pids_file.unlink()
+            alive[name] = pid
+    return alive
+
+
+def stop_recorded(state_dir: Path) -> list[str]:
+    """End the processes a previous `pdx local up` recorded, and only those."""
+    stopped = []
+    for name, pid in recorded_alive(state_dir).items():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+            stopped.append(name)
+    with contextlib.suppress(FileNotFoundError):
+        (state_dir / "pids.json").unlink()
     return stopped
