@@ -82,7 +82,6 @@ def document(bidirectional: bool) -> dict[str, Any]:
     spec["model"].pop("loadFormat", None)
     spec["kvTransfer"]["bidirectional"] = bidirectional
     spec["router"] = {"conversationTtlSeconds": ROUTER_TTL}
-    spec["decode"]["replicas"] = 2 if bidirectional else 1  # a spare decode for the kill test
     return doc
 
 
@@ -138,7 +137,7 @@ SCENARIOS: dict[str, list[Any]] = {
     ],
     # The next turn after the router's deadline.
     "expired": [lambda a: [SYSTEM, user(1)], lambda a: [SYSTEM, user(1), asst(a[0]), user(2)]],
-    # The decode holding the KV dies between turns.
+    # The decode holding the KV dies between turns (and comes back, as its pod would).
     "decode_killed": [lambda a: [SYSTEM, user(1)], lambda a: [SYSTEM, user(1), asst(a[0]), user(2)]],
 }
 
@@ -152,13 +151,22 @@ def long_conversation(k: int) -> list[Any]:
     ]
 
 
-def run_all(topo: LocalTopology, before_turn: Any = None) -> Run:
+def run_all(topo: LocalTopology, before_turn: Any = None, between: Any = None) -> Run:
+    """Every scenario, the long conversations, `between` (if any), then the decode-kill one last.
+
+    The kill goes last because it restarts the decode, which the other scenarios must not see.
+    """
     chat(topo.router_url, [user(0)], conversation=None)  # warm up: NIXL handshake, first compile
     transfers0 = metric(topo.engine_urls["prefill"][0], NIXL_XFERS)
-    answers = {name: converse(topo.router_url, name, turns, before_turn) for name, turns in SCENARIOS.items()}
+    order = [n for n in SCENARIOS if n != "decode_killed"]
+    answers = {name: converse(topo.router_url, name, SCENARIOS[name], before_turn) for name in order}
     for k in range(3):
         answers[f"long{k}"] = converse(topo.router_url, f"long{k}", long_conversation(k))
-    return Run(answers, metric(topo.engine_urls["prefill"][0], NIXL_XFERS) - transfers0)
+    transfers = metric(topo.engine_urls["prefill"][0], NIXL_XFERS) - transfers0
+    if between:
+        between()
+    answers["decode_killed"] = converse(topo.router_url, "decode_killed", SCENARIOS["decode_killed"], before_turn)
+    return Run(answers, transfers)
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +180,7 @@ class OnRun(Run):
     router_stats: dict[str, Any] | None = None
     killed: str = ""
     transfers_by_turn: dict[tuple[str, int], float] | None = None
-    topo: LocalTopology | None = None
+    blind: tuple[Answer, Answer] | None = None  # (turn 1, blind turn 2) by hand
 
 
 @pytest.fixture(scope="module")
@@ -187,22 +195,26 @@ def on(off: Run, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnRun]:
             if name == "expired" and i == 1:
                 time.sleep(ROUTER_TTL + 2)
             if name == "decode_killed" and i == 1:
-                # The decode that served turn 0 holds the entry: end it like a lost node.
-                holder = _entry_holder(topo)
+                # The decode that served turn 0 holds the entry: end it like a lost node, then
+                # let it come back as Kubernetes would restart it. Its KV is gone.
+                holder = topo.by_role("decode")[0].name
                 topo.kill(holder)
                 state["killed"] = holder
-                time.sleep(7)  # longer than the router's health-check interval
+                topo.restart(holder)
 
-        run = run_all(topo, before_turn)
+        blind: list[tuple[Answer, Answer]] = []
+
+        def blind_reuse() -> None:
+            # What a router without a prefix check would do, by hand against the same engines.
+            prefill, decode = topo.engine_urls["prefill"][0], topo.engine_urls["decode"][0]
+            first, held = raw_turn(prefill, decode, SCENARIOS["edited"][0]([]), None)
+            second, _ = raw_turn(prefill, decode, SCENARIOS["edited"][1]([first]), held)
+            blind.append((first, second))
+
+        run = run_all(topo, before_turn, blind_reuse)
         with urllib.request.urlopen(f"{topo.router_url}/v1/pdx/stats", timeout=10) as resp:
             stats = json.loads(resp.read())
-        yield OnRun(run.answers, run.transfers, stats, state["killed"], transfers, topo)
-
-
-def _entry_holder(topo: LocalTopology) -> str:
-    """The decode process that served the last request (its request counter moved)."""
-    counts = {p.name: metric(p.url, "vllm:request_success_total") for p in topo.by_role("decode")}
-    return max(counts, key=lambda n: counts[n])
+        yield OnRun(run.answers, run.transfers, stats, state["killed"], transfers, blind[0])
 
 
 def test_later_turns_pull_kv_from_decode_instead_of_recomputing(on: OnRun) -> None:
@@ -237,6 +249,9 @@ def test_a_turn_with_too_little_in_common_is_recomputed(on: OnRun) -> None:
     answer = on.answers["diverged"][1]
     assert answer.reuse in ("prefix_mismatch", "below_threshold")
     assert answer.reused_tokens == 0
+    by_turn = on.transfers_by_turn or {}
+    assert by_turn[("expired", 0)] == by_turn[("diverged", 1)], "prefill read from decode anyway"
+    assert by_turn[("diverged", 1)] > by_turn[("grow", 1)], "no D->P read was ever counted"
 
 
 def test_an_entry_past_its_ttl_is_served_by_recompute(on: OnRun) -> None:
@@ -262,13 +277,9 @@ def test_ttft_of_the_last_long_turn_is_lower_with_bidirectional_on(off: Run, on:
 
 
 def test_blind_reuse_without_the_prefix_check_diverges_so_the_check_has_teeth(off: Run, on: OnRun) -> None:
-    topo = on.topo
-    assert topo is not None
-    decode = next(p.url for p in topo.by_role("decode") if p.name != on.killed)
-    prefill = topo.engine_urls["prefill"][0]
-    first, held = raw_turn(prefill, decode, SCENARIOS["edited"][0]([]), None)
+    assert on.blind is not None
+    first, blind = on.blind
     assert first.tokens == off.answers["edited"][0].tokens
-    blind, _ = raw_turn(prefill, decode, SCENARIOS["edited"][1]([first]), held)
     reference = off.answers["edited"][1]
     drift = max(abs(x - y) for x, y in zip(blind.logprobs, reference.logprobs, strict=True))
     assert blind.tokens != reference.tokens or drift > 1e-3, "wrong KV went unnoticed: the test has no teeth"

@@ -156,9 +156,9 @@ class LocalTopology:
     def log_path(self, name: str) -> Path:
         return self.state_dir / "logs" / f"{name}.log"
 
-    def _wait_healthy(self) -> None:
+    def _wait_healthy(self, processes: list[LocalProcess] | None = None) -> None:
         deadline = time.monotonic() + self.start_timeout
-        waiting = list(self.processes)
+        waiting = list(self.processes if processes is None else processes)
         while waiting:
             for proc in list(waiting):
                 code = self._popen[proc.name].poll()
@@ -188,6 +188,15 @@ class LocalTopology:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(popen.pid, signal.SIGKILL)
         popen.wait()
+
+    def restart(self, name: str) -> None:
+        """Start a process again with the same plan (a container restart) and wait for health."""
+        proc = next(p for p in self.processes if p.name == name)
+        if self._popen[name].poll() is None:
+            self.kill(name)
+        self._spawn(proc)
+        self._wait_healthy([proc])
+        self._write_pids()
 
     def stop(self) -> None:
         for popen in self._popen.values():
