@@ -9,6 +9,7 @@ controller), so tests create them with `make_pods` to play the kubelet.
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import datetime
 import os
@@ -55,6 +56,14 @@ WRITES = ("POST", "PATCH", "PUT", "DELETE")
 @attrs.define(kw_only=True)
 class ApiServer(kmock.KubernetesEmulator):
     version: int = 0  # resourceVersion: kopf tells its own patches' echoes by it
+    # kmock matches every request against its whole request history (cost grows with it);
+    # long runs (the benchmark) keep only the last `history` requests.
+    history: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        if self.history:
+            self._requests = collections.deque(maxlen=self.history)  # type: ignore[assignment]
 
     async def _handle(self, request: kmock.Request) -> Any:
         if request.resource is not None and isinstance(request.data, list) and request.action == kmock.action.UPDATE:
