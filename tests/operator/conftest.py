@@ -269,7 +269,7 @@ def request_count(api: ApiServer) -> int:
     return len(list(api))
 
 
-async def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+async def eventually(check: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not check():
         if asyncio.get_running_loop().time() > deadline:

@@ -66,10 +66,10 @@ async def test_deleted_statefulset_comes_back(api: ApiServer, kube: Kube, operat
     await eventually(lambda: set(children(api)) == EXPECTED, what="all children")
     resp = await api.delete(f"/apis/apps/v1/namespaces/{NS}/statefulsets/demo-prefill")
     assert resp.status == 200
-    await eventually(lambda: live(api, "StatefulSet", "demo-prefill") is not None, timeout=5, what="restored")
+    await eventually(lambda: live(api, "StatefulSet", "demo-prefill") is not None, timeout=20, what="restored")
     resp = await api.delete(f"/api/v1/namespaces/{NS}/configmaps/demo-router")
     assert resp.status == 200
-    await eventually(lambda: live(api, "ConfigMap", "demo-router") is not None, timeout=5, what="timer repair")
+    await eventually(lambda: live(api, "ConfigMap", "demo-router") is not None, timeout=20, what="timer repair")
 
 
 async def test_edit_rolls_both_roles(api: ApiServer, kube: Kube, operator: Start) -> None:
