@@ -113,6 +113,7 @@ class Discovery:
         self.upstream = upstream
         self._tasks: list[asyncio.Task[None]] = []
         self._file_mtime: float | None = None
+        self._file_has_endpoints = False
 
     async def start(self) -> None:
         """Load every source once and health-check before serving, so /ready is truthful."""
@@ -149,6 +150,11 @@ class Discovery:
             log.warning("endpoints file %s ignored: %s", path, exc)
             return
         self._file_mtime = mtime
+        self._file_has_endpoints = bool(found)
+        if found:
+            # The operator's file names each pod's generation; DNS cannot, and would label
+            # old-generation pods as the new one during a rollout. The file wins.
+            self.pool.update("dns", [])
         for ep in self.pool.update("file", found):
             asyncio.get_running_loop().create_task(self.check(ep))
 
@@ -158,8 +164,11 @@ class Discovery:
             self._poll_file()
 
     async def _resolve_dns(self) -> None:
+        """Headless-Service DNS: the fallback while no endpoints file lists engines."""
         dns = self.cfg.dns
         assert dns is not None
+        if self._file_has_endpoints:
+            return
         found: list[Found] = []
         for role, name in (("prefill", dns.prefill), ("decode", dns.decode)):
             try:

@@ -108,3 +108,40 @@ def test_pool_keeps_endpoint_state_across_refreshes() -> None:
     assert pool.endpoints[0].outstanding == 3
     pool.update("dns", [])
     assert pool.endpoints == []
+
+
+async def test_an_endpoints_file_with_engines_overrides_dns_so_generations_stay_true(tmp_path: Path) -> None:
+    """DNS cannot tell an old-generation pod from a new one; the operator's file can."""
+    from pdx_router.config import parse_config
+    from pdx_router.discovery import Discovery
+    from pdx_router.upstream import Upstream
+
+    file = tmp_path / "endpoints.json"
+    file.write_text(json.dumps({"endpoints": []}))
+    cfg = parse_config(
+        {
+            "generation": "new",
+            "endpointsFile": str(file),
+            "dns": {"prefill": "localhost", "decode": "localhost", "port": 9, "refreshSeconds": 60},
+        }
+    )
+    pool, upstream = Pool(), Upstream(cfg)
+    discovery = Discovery(cfg, pool, upstream)
+    try:
+        await discovery.start()  # empty file: DNS is the fallback
+        assert {e.generation for e in pool.endpoints} == {"new"} and pool.endpoints
+        engines = [
+            {"role": "prefill", "url": "http://127.0.0.1:9001", "generation": "old", "name": "p-0"},
+            {"role": "decode", "url": "http://127.0.0.1:9002", "generation": "old", "name": "d-0"},
+        ]
+        file.write_text(json.dumps({"endpoints": engines}))
+        discovery._file_mtime = None
+        discovery._poll_file()
+        await discovery._resolve_dns()
+        assert sorted((e.url, e.generation) for e in pool.endpoints) == [
+            ("http://127.0.0.1:9001", "old"),
+            ("http://127.0.0.1:9002", "old"),
+        ]
+    finally:
+        await discovery.stop()
+        await upstream.close()
