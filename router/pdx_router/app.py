@@ -163,7 +163,13 @@ class Router:
             started=started,
         )
         try:
-            return await self._serve(req, turn)
+            try:
+                return await self._serve(req, turn)
+            except NoEngines:
+                # An engine may have come back since the last periodic check: look once now
+                # rather than fail a client for up to a health-check interval.
+                await self.discovery.check_all()
+                return await self._serve(req, turn)
         except NoEngines:
             return _error(503, "no healthy prefill/decode pair of one generation")
         except ClientFacingError as exc:

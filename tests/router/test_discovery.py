@@ -145,3 +145,16 @@ async def test_an_endpoints_file_with_engines_overrides_dns_so_generations_stay_
     finally:
         await discovery.stop()
         await upstream.close()
+
+
+async def test_a_request_right_after_an_engine_recovers_is_served_without_waiting_for_the_next_check(
+    make_stack: StackFactory, http
+) -> None:
+    s = await make_stack()
+    s.decode.healthy = False
+    for _ in range(FAILURE_THRESHOLD):
+        await s.router.discovery.check_all()
+    assert (await http.get(s.url + "/ready")).status == 503
+    s.decode.healthy = True  # back, but the periodic check has not run yet
+    status, _, _ = await chat(http, s.url, [user(LONG)])
+    assert status == 200
