@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pdx.controller import advice, rollout, status
@@ -192,3 +194,40 @@ def test_reuse_status_from_router_stats() -> None:
 def test_reuse_status_tolerates_empty_stats() -> None:
     r = advice.reuse_status({})
     assert r.hit_rate is None and r.hits == 0 and r.recommended_ttl_seconds is None
+
+
+def test_an_engine_refusing_to_start_without_efa_is_a_condition_a_person_sees() -> None:
+    obs = fleet("h1", 2, 2)
+    refused = PodView(
+        name="demo-decode-1",
+        role="decode",
+        generation="h1",
+        ready=False,
+        waiting_reason="CrashLoopBackOff",
+        termination="EFAUnavailable: fi_info -p efa found no EFA provider; NIXL would fall back to TCP",
+    )
+    broken = status.compute(replace(obs, pods=[*obs.pods, refused]), None, NOW)
+    c = conds(broken)
+    assert (c["EFAAvailable"].status, c["EFAAvailable"].reason) == ("False", "EFAUnavailable")
+    assert "demo-decode-1" in c["EFAAvailable"].message and "TCP" in c["EFAAvailable"].message
+    assert c["Degraded"].status == "True"
+    healthy = conds(status.compute(obs, None, NOW))
+    assert (healthy["EFAAvailable"].status, healthy["Degraded"].status) == ("True", "False")
+
+
+def test_pod_view_reads_the_last_termination_message() -> None:
+    from pdx.controller.reconcile import pod_view
+
+    pod = {
+        "metadata": {"name": "demo-prefill-0", "labels": {"pdx.dev/role": "prefill", "pdx.dev/config-hash": "h1"}},
+        "status": {
+            "containerStatuses": [
+                {
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": {"exitCode": 78, "message": "EFAUnavailable: no efa provider\n"}},
+                }
+            ]
+        },
+    }
+    view = pod_view(pod)
+    assert (view.termination, view.waiting_reason) == ("EFAUnavailable: no efa provider", "CrashLoopBackOff")

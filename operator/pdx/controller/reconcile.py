@@ -111,11 +111,16 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
     labels = meta.get("labels") or {}
     st = pod.get("status") or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
-    waiting = None
+    waiting = termination = None
     for cs in st.get("containerStatuses") or []:
         reason = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
         if reason:
             waiting = reason
+        for state in (cs.get("state") or {}, cs.get("lastState") or {}):
+            message = (state.get("terminated") or {}).get("message")
+            if message:
+                termination = str(message).strip()
+                break
     component = labels.get("app.kubernetes.io/component", "")
     return PodView(
         name=meta.get("name", ""),
@@ -125,6 +130,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         ip=st.get("podIP"),
         terminating=bool(meta.get("deletionTimestamp")),
         waiting_reason=waiting,
+        termination=termination,
     )
 
 

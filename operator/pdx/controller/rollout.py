@@ -30,6 +30,7 @@ class PodView:
     ip: str | None = None
     terminating: bool = False
     waiting_reason: str | None = None  # e.g. CrashLoopBackOff
+    termination: str | None = None  # the container's last termination message
 
     @property
     def serving(self) -> bool:

@@ -24,7 +24,12 @@ CONDITION_TYPES = (
     "Progressing",
     "Degraded",
     "InvalidSpec",
+    "EFAAvailable",
 )
+
+# First word of the termination message the serving image's entrypoint writes when it
+# refuses to start without EFA (rather than let NIXL fall back to TCP silently).
+EFA_REASONS = frozenset({"EFAUnavailable", "EFAProviderOverridden"})
 
 # Container waiting reasons that mean a pod will not become ready without someone acting.
 FAILING_REASONS = frozenset(
@@ -142,6 +147,18 @@ def compute(obs: Observation, previous: DisaggregatedInferenceStatus | None, now
 
     invalid = (True, "InvalidSpec", obs.invalid) if obs.invalid else (False, "Valid", "")
 
+    efa_failures = sorted(
+        (p.termination.split(":", 1)[0], p.name, p.termination)
+        for p in obs.pods
+        if p.termination and p.termination.split(":", 1)[0] in EFA_REASONS
+    )
+    if efa_failures:
+        efa = (False, efa_failures[0][0], "; ".join(f"{name}: {msg}" for _, name, msg in efa_failures))
+        if not degraded[0]:
+            degraded = (True, efa_failures[0][0], efa[2])
+    else:
+        efa = (True, "NoFailureReported", "no engine refused to start for want of EFA")
+
     table = {
         "Ready": ready,
         "PrefillAvailable": avail["prefill"],
@@ -150,6 +167,7 @@ def compute(obs: Observation, previous: DisaggregatedInferenceStatus | None, now
         "Progressing": progressing,
         "Degraded": degraded,
         "InvalidSpec": invalid,
+        "EFAAvailable": efa,
     }
     conditions = [_cond(t, *table[t], obs.generation, prev, now) for t in CONDITION_TYPES]
     return DisaggregatedInferenceStatus(
