@@ -1,5 +1,5 @@
 # pdx tasks. A fresh machine needs only the first two.
-.PHONY: demo test setup lint crd golden chart bench-router bench-operator local
+.PHONY: demo test e2e setup lint crd golden chart bench-router bench-operator local
 
 demo: setup            ## local topology (vLLM CPU + NIXL + router), TTFT off vs on, plots in out/
 	.venv/bin/pdx bench --local --out out/demo
@@ -9,6 +9,9 @@ test:                  ## set up, lint, type-check, run all tests (CI runs this)
 
 setup:                 ## .venv with pdx, vLLM CPU, NIXL and the test tools
 	scripts/setup.sh
+
+e2e:                   ## end-to-end with real vLLM CPU engines through pdx local (slow)
+	.venv/bin/pytest -q -p no:cacheprovider -m engines tests/e2e
 
 lint:                  ## ruff + mypy --strict
 	.venv/bin/ruff check . && .venv/bin/mypy operator/pdx router/pdx_router benchmark/pdx_bench

@@ -48,7 +48,7 @@ def chat(url: str, messages: list[dict[str, str]], conversation: str | None, max
     start = time.perf_counter()
     ttft = 0.0
     text, logprobs, tokens, prompt_tokens = [], [], [], 0
-    with urllib.request.urlopen(req, timeout=300) as resp:
+    with urllib.request.urlopen(req, timeout=900) as resp:
         got = {k.lower(): v for k, v in resp.headers.items()}
         for raw in resp:
             line = raw.decode().strip()
@@ -85,7 +85,7 @@ def metric(url: str, name: str) -> float:
 
 def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=300) as resp:
+    with urllib.request.urlopen(req, timeout=900) as resp:
         out: dict[str, Any] = json.loads(resp.read())
     return out
 
