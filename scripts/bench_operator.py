@@ -155,10 +155,22 @@ async def bench(latency_n: int, resources: int, deadline: float) -> list[tuple[s
             if done_status:
                 rows.append(("throughput", f"{resources / done_status:.1f} resources/s"))
         finally:
+            # Print before stopping: stopping kopf with hundreds of resources can take long.
+            _print(rows)
             _log("stopping the operator")
             await asyncio.to_thread(runner.__exit__, None, None, None)
             _log("stopped")
     return rows
+
+
+def _print(rows: list[tuple[str, str]]) -> None:
+    if not rows:
+        return
+    width = max(len(k) for k, _ in rows)
+    print(f"{'metric':<{width}}  value")
+    print(f"{'-' * width}  -----", flush=True)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}", flush=True)
 
 
 def main() -> int:
@@ -167,12 +179,7 @@ def main() -> int:
     p.add_argument("--resources", type=int, default=500)
     p.add_argument("--deadline", type=float, default=75.0, help="seconds per phase")
     args = p.parse_args()
-    rows = asyncio.run(bench(args.latency_n, args.resources, args.deadline))
-    width = max(len(k) for k, _ in rows)
-    print(f"{'metric':<{width}}  value")
-    print(f"{'-' * width}  -----")
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
+    asyncio.run(bench(args.latency_n, args.resources, args.deadline))
     return 0
 
 
