@@ -167,10 +167,11 @@ def _print(rows: list[tuple[str, str]]) -> None:
     if not rows:
         return
     width = max(len(k) for k, _ in rows)
-    print(f"{'metric':<{width}}  value")
-    print(f"{'-' * width}  -----", flush=True)
+    out = sys.__stdout__  # KopfRunner swaps sys.stdout while the operator runs
+    print(f"{'metric':<{width}}  value", file=out)
+    print(f"{'-' * width}  -----", file=out, flush=True)
     for k, v in rows:
-        print(f"{k:<{width}}  {v}", flush=True)
+        print(f"{k:<{width}}  {v}", file=out, flush=True)
 
 
 def main() -> int:
