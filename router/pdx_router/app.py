@@ -322,16 +322,22 @@ class Router:
         passthrough = not turn.capture and turn.client_wants_ids
         first = True
         try:
-            async for line in resp.content:
+            # Whole socket reads, not lines: each client write is a chunked-encoding frame and
+            # a send(), which dominated the router's CPU when done per SSE line.
+            async for block in resp.content.iter_any():
                 if not passthrough:
-                    line = filt.line(line)
-                await out.write(line)
-                if first and line.startswith(b"data: "):
+                    block = filt.feed(block)
+                if not block:
+                    continue
+                await out.write(block)
+                if first and b"data: " in block:
                     first = False
                     self.metrics.ttft.observe(time.perf_counter() - turn.started)
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("decode stream broke: %r", exc)
             filt.captured.kv = None  # incomplete turn: do not store
+        if not passthrough and (rest := filt.flush()):
+            await out.write(rest)
         await out.write_eof()
         return filt.captured, out
 

@@ -19,6 +19,7 @@ from .endpoints import Endpoint
 _JSON = {"Content-Type": "application/json"}
 _KV_MARK = b'"kv_transfer_params":'
 _ID_FIELDS = (b'"prompt_token_ids":', b'"token_ids":')
+_ANY_ID = b'token_ids":'  # a suffix of both id fields: one search rules both out
 
 
 class UpstreamError(Exception):
@@ -89,6 +90,31 @@ class StreamFilter:
         self.capture = capture
         self.strip_ids = strip_ids
         self.captured = Captured(output_ids=[] if capture else None)
+        self._tail = b""
+
+    def feed(self, data: bytes) -> bytes:
+        """Filter whatever block the socket delivered, so the relay writes once per block
+        rather than once per SSE line; an unterminated last line waits for the next block."""
+        if self._tail:
+            data = self._tail + data
+        end = data.rfind(b"\n") + 1
+        self._tail = data[end:]
+        data = data[:end]
+        if _KV_MARK not in data and (_ANY_ID not in data or not (self.capture or self.strip_ids)):
+            return data
+        return b"".join([self.line(x) for x in data.splitlines(keepends=True)])
+
+    def flush(self) -> bytes:
+        """The stream ended: filter an unterminated last line, or drop it if it is cut short
+        JSON (then the turn is incomplete and must not be stored)."""
+        tail, self._tail = self._tail, b""
+        if not tail:
+            return b""
+        try:
+            return self.line(tail)
+        except orjson.JSONDecodeError:
+            self.captured.kv = None
+            return b""
 
     def line(self, line: bytes) -> bytes:
         if not line.startswith(b"data: {"):

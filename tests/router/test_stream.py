@@ -1,0 +1,61 @@
+"""The stream filter gets socket blocks split anywhere; the result must not depend on where."""
+
+from __future__ import annotations
+
+import orjson
+
+from pdx_router.upstream import StreamFilter
+
+KV = {"remote_block_ids": [[1, 2]], "remote_num_tokens": 20, "remote_blocks_expiry_time": 9.0}
+
+
+def _event(obj: dict[str, object]) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+STREAM = b"".join(
+    [
+        _event({"id": "x", "choices": [{"delta": {"content": ""}}], "prompt_token_ids": [5, 6, 7]}),
+        _event({"id": "x", "choices": [{"delta": {"content": 'a "token_ids":[9]'}, "token_ids": [11]}]}),
+        _event({"id": "x", "choices": [{"delta": {"content": "b"}, "token_ids": [12]}]}),
+        _event({"id": "x", "choices": [{"delta": {"content": ""}, "token_ids": [2]}], "kv_transfer_params": KV}),
+        b"data: [DONE]\n\n",
+    ]
+)
+
+
+def _run(blocks: list[bytes], capture: bool = True, strip_ids: bool = True) -> tuple[bytes, StreamFilter]:
+    f = StreamFilter(capture=capture, strip_ids=strip_ids)
+    out = b"".join(f.feed(b) for b in blocks) + f.flush()
+    return out, f
+
+
+def test_any_split_gives_the_same_bytes_and_capture() -> None:
+    whole, ref = _run([STREAM])
+    assert b'token_ids":[' not in whole.replace(b'\\"token_ids\\":[9]', b"")
+    assert b"kv_transfer_params" not in whole and whole.endswith(b"data: [DONE]\n\n")
+    assert ref.captured.prompt_ids == [5, 6, 7] and ref.captured.output_ids == [11, 12, 2]
+    assert ref.captured.kv == KV
+    for cut in range(1, len(STREAM)):
+        out, f = _run([STREAM[:cut], STREAM[cut:]])
+        assert out == whole, cut
+        assert f.captured == ref.captured, cut
+
+
+def test_byte_at_a_time_matches() -> None:
+    out, f = _run([STREAM[i : i + 1] for i in range(len(STREAM))])
+    whole, ref = _run([STREAM])
+    assert out == whole and f.captured == ref.captured
+
+
+def test_ids_kept_when_the_client_asked_for_them() -> None:
+    out, f = _run([STREAM], capture=True, strip_ids=False)
+    assert b'"token_ids":[11]' in out and b"kv_transfer_params" not in out
+    assert f.captured.output_ids == [11, 12, 2]
+
+
+def test_a_stream_cut_inside_the_last_event_is_not_stored() -> None:
+    cut = STREAM.index(b'"kv_transfer_params"') + 30
+    out, f = _run([STREAM[:cut]])
+    assert b"kv_transfer_params" not in out
+    assert f.captured.kv is None
