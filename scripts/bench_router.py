@@ -146,7 +146,10 @@ async def run(turn: Turn, conc: int, turns: int, tag: str) -> tuple[list[float],
     ttfts: list[float] = []
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn) as s:
-        await conversation(s, turn, f"warm-{tag}-{conc}", 2, [])
+        # Warm at the measured concurrency: every hop then has its keep-alive connections,
+        # and the first measured turn does not time TCP connects (the router makes one more
+        # per conversation than a direct client, which a long-running router never pays).
+        await asyncio.gather(*(conversation(s, turn, f"warm-{tag}-{conc}-{i}", 2, []) for i in range(conc)))
         t0 = time.perf_counter()
         await asyncio.gather(*(conversation(s, turn, f"{tag}-{conc}-{i}", turns, ttfts) for i in range(conc)))
         wall = time.perf_counter() - t0
