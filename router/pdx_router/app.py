@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 from prometheus_client import generate_latest
@@ -24,6 +23,7 @@ from .config import RouterConfig
 from .discovery import Discovery, Pool
 from .endpoints import Endpoint
 from .entries import Entry
+from .link import LinkError, Response
 from .metrics import Metrics
 from .policy import Outcome
 from .store import MemoryStore, RedisStore, Store
@@ -288,11 +288,14 @@ class Router:
             try:
                 ctx = self.upstream.open(decode, turn.path, body, turn.headers)
                 resp = await ctx.__aenter__()
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except (LinkError, TimeoutError) as exc:
                 raise UpstreamError(decode, None, repr(exc)) from exc
             try:
                 if resp.status >= 400:
-                    raw = await resp.read()
+                    try:
+                        raw = await resp.read()
+                    except (LinkError, TimeoutError) as exc:
+                        raise UpstreamError(decode, resp.status, repr(exc)) from exc
                     if resp.status >= 500:
                         raise UpstreamError(decode, resp.status, raw[:300].decode(errors="replace"))
                     raise ClientFacingError(resp.status, raw, resp.content_type)
@@ -307,9 +310,7 @@ class Router:
         await self._finish(turn, decode, cap)
         return out
 
-    async def _relay_stream(
-        self, req: web.Request, turn: Turn, resp: aiohttp.ClientResponse
-    ) -> tuple[Captured, web.StreamResponse]:
+    async def _relay_stream(self, req: web.Request, turn: Turn, resp: Response) -> tuple[Captured, web.StreamResponse]:
         out = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -324,7 +325,7 @@ class Router:
         try:
             # Whole socket reads, not lines: each client write is a chunked-encoding frame and
             # a send(), which dominated the router's CPU when done per SSE line.
-            async for block in resp.content.iter_any():
+            async for block in resp.iter_blocks():
                 if not passthrough:
                     block = filt.feed(block)
                 if not block:
@@ -333,7 +334,7 @@ class Router:
                 if first and b"data: " in block:
                     first = False
                     self.metrics.ttft.observe(time.perf_counter() - turn.started)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (LinkError, TimeoutError) as exc:
             log.warning("decode stream broke: %r", exc)
             filt.captured.kv = None  # incomplete turn: do not store
         if not passthrough and (rest := filt.flush()):
@@ -341,13 +342,11 @@ class Router:
         await out.write_eof()
         return filt.captured, out
 
-    async def _relay_json(
-        self, req: web.Request, turn: Turn, resp: aiohttp.ClientResponse
-    ) -> tuple[Captured, web.StreamResponse]:
+    async def _relay_json(self, req: web.Request, turn: Turn, resp: Response) -> tuple[Captured, web.StreamResponse]:
         try:
             data = orjson.loads(await resp.read())
-        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
-            raise UpstreamError(Endpoint(str(resp.url), "decode", ""), None, repr(exc)) from exc
+        except (LinkError, TimeoutError, orjson.JSONDecodeError) as exc:
+            raise UpstreamError(Endpoint(resp.url, "decode", ""), None, repr(exc)) from exc
         cap = filter_response(data, turn.capture, strip_ids=not turn.client_wants_ids)
         self.metrics.ttft.observe(time.perf_counter() - turn.started)
         out = web.Response(body=orjson.dumps(data), content_type="application/json", headers=self._pdx_headers(turn))
