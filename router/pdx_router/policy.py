@@ -6,12 +6,13 @@ unit-testable and the HTTP plumbing in app.py free of policy.
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+import orjson
 
 from .endpoints import Endpoint
 from .entries import Entry
@@ -142,7 +143,9 @@ def plan_reuse(entry: Entry, prompt_ids: Sequence[int], threshold: int) -> Reuse
     if usable < max(threshold, 1):
         diverged = lcp < len(held) and lcp < len(prompt_ids)
         return ReusePlan(Outcome.PREFIX_MISMATCH if diverged else Outcome.BELOW_THRESHOLD)
-    kv = copy.deepcopy(entry.kv)
+    # A deep copy (the entry must stay intact); kv is JSON from decode's answer, and a JSON
+    # round trip copies it ~7x faster than copy.deepcopy, on the TTFT path.
+    kv = orjson.loads(orjson.dumps(entry.kv))
     if usable < entry.num_tokens:
         block_size = entry.block_size or infer_block_size(
             entry.num_tokens, max((len(g) for g in kv["remote_block_ids"]), default=0)
