@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
@@ -35,7 +37,11 @@ MERGE = "application/merge-patch+json"
 
 
 class ApiError(Exception):
-    """A non-2xx answer; `status` lets callers tell not-found and conflicts from failures."""
+    """A non-2xx answer; `status` lets callers tell not-found and conflicts from failures.
+
+    Status 0 is a transport failure (timeout, refused, reset): handlers retry those as soon as
+    API errors instead of leaving them to kopf's default backoff for unexpected errors (60 s).
+    """
 
     def __init__(self, status: int, method: str, path: str, message: str) -> None:
         super().__init__(f"{method} {path}: HTTP {status}: {message}")
@@ -95,15 +101,19 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        resp = self.api.call_api(m, url, hdrs, data, _request_timeout=self.timeout)
-        raw = resp.read() or b""  # type: ignore[no-untyped-call]
+        try:
+            resp = self.api.call_api(m, url, hdrs, data, _request_timeout=self.timeout)
+            raw = resp.read() or b""  # type: ignore[no-untyped-call]
+        except urllib3.exceptions.HTTPError as err:
+            raise ApiError(0, method, path, f"transport: {err}") from err
         if not 200 <= resp.status < 300:
             try:
                 message = json.loads(raw).get("message") or raw[:300].decode(errors="replace")
             except (ValueError, AttributeError):
                 message = raw[:300].decode(errors="replace")
             raise ApiError(resp.status, method, path, message)
-        return json.loads(raw) if raw else None
+        # orjson: list answers are the bulk of what a pass decodes (several times faster).
+        return orjson.loads(raw) if raw else None
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
