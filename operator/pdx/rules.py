@@ -136,6 +136,12 @@ def _programs() -> list[tuple[Rule, Any]]:
     return [(rule, env.program(env.compile(rule.expression))) for rule in RULES]
 
 
+def warm_up() -> None:
+    """Compile every rule now: cel-python builds its parser in about a second, which would
+    otherwise land on the first reconcile pass after start-up."""
+    _programs()
+
+
 def violations(document: dict[str, Any]) -> list[Rule]:
     """Rules the defaulted `spec` document (camelCase, no nulls) breaks."""
     activation = {"self": json_to_cel(document)}

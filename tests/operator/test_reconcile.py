@@ -259,3 +259,25 @@ async def test_gone_resource_is_a_no_op(api: ApiServer, kube: Kube, missing: str
         resp = await api.delete(f"/apis/{API_VERSION}/namespaces/{NS}/disaggregatedinferences/demo")
         assert resp.status == 200
     assert await in_thread(reconcile, kube, NS, "demo") is None
+
+
+async def test_applies_record_the_versions_their_watch_echoes_carry(api: ApiServer, kube: Kube) -> None:
+    from pdx.controller import handlers
+
+    await create_cr(api, cr_document())
+    out = await run(kube)
+    assert set(out.versions) == EXPECTED
+    for (kind, name), version in out.versions.items():
+        obj = live(api, kind, name)
+        assert obj is not None and obj["metadata"]["resourceVersion"] == version
+    handlers._gate((NS, "demo")).written.update(out.versions)
+    try:
+        sts = live(api, "StatefulSet", "demo-prefill")
+        assert sts is not None
+        assert handlers._is_echo({"type": "MODIFIED"}, sts, NS, "demo")
+        assert not handlers._is_echo({"type": "DELETED"}, sts, NS, "demo")  # a deletion always counts
+        newer = {**sts, "metadata": {**sts["metadata"], "resourceVersion": "someone-else"}}
+        assert not handlers._is_echo({"type": "MODIFIED"}, newer, NS, "demo")
+        assert not handlers._is_echo({"type": "MODIFIED"}, sts, NS, "other")
+    finally:
+        handlers._gates.pop((NS, "demo"), None)

@@ -7,7 +7,9 @@ of any child kind, router reuse counters), and events of the StatefulSets and De
 the operator owns (a deleted or hand-edited engine set comes back at once; pod readiness
 reaches the router's endpoints file through the sets' status). Passes for one resource never
 overlap: a trigger arriving while a pass runs marks the resource dirty and the running pass
-goes once more, so bursts of child events collapse into one or two passes.
+goes once more, so bursts of child events collapse into one or two passes. The watch echo
+of the operator's own apply (same resourceVersion as the apply's answer) triggers nothing:
+the pass that wrote it already saw that state.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, cast
 
 import kopf
 
+from pdx import rules
 from pdx.controller.kube import ApiError, Kube, make_api_client
 from pdx.controller.rbac import PEERING_NAME
 from pdx.controller.reconcile import Outcome, StatsFetcher, reconcile
@@ -47,16 +50,22 @@ def fetch_router_stats(base_url: str) -> Mapping[str, Any] | None:
 class _Gate:
     lock: threading.Lock = field(default_factory=threading.Lock)
     dirty: bool = False
+    # (kind, name) -> resourceVersion of the last apply of that child (see `_is_echo`).
+    written: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 _gates: dict[tuple[str, str], _Gate] = {}
 _gates_lock = threading.Lock()
 
 
+def _gate(key: tuple[str, str]) -> _Gate:
+    with _gates_lock:
+        return _gates.setdefault(key, _Gate())
+
+
 def exclusive(key: tuple[str, str], run: Callable[[], Outcome | None], *, wait: bool) -> Outcome | None:
     """Run passes for one resource one at a time; `wait=False` callers only mark it dirty."""
-    with _gates_lock:
-        gate = _gates.setdefault(key, _Gate())
+    gate = _gate(key)
     if not gate.lock.acquire(blocking=wait):
         gate.dirty = True
         return None
@@ -88,6 +97,7 @@ def _pass(memo: Any, namespace: str, name: str, *, stats: bool, wait: bool, logg
     def once() -> Outcome | None:
         outcome = reconcile(_kube(memo), namespace, name, fetch_stats=fetch)
         if outcome is not None:  # every pass reports its own actions, also the coalesced ones
+            _gate((namespace, name)).written.update(outcome.versions)
             _post(outcome)
             if outcome.writes:
                 logger.info(
@@ -121,6 +131,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.execution.max_workers = int(os.environ.get("PDX_WORKERS", "16"))
     if getattr(memo, "kube", None) is None:
         memo.kube = Kube(make_api_client())
+    rules.warm_up()
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -163,12 +174,30 @@ def _owner(body: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _is_echo(event: Mapping[str, Any], body: Mapping[str, Any], namespace: str, owner: str) -> bool:
+    """Whether the event only reports the operator's own last apply of this child.
+
+    Without this, every pass that creates or updates the engine sets and the router caused
+    three to six more full passes (ADDED/MODIFIED of each), each reading every child kind.
+    A deletion is never an echo; anything written by others carries a newer version.
+    """
+    if event.get("type") not in ("ADDED", "MODIFIED"):
+        return False
+    meta = body.get("metadata") or {}
+    version = meta.get("resourceVersion")
+    with _gates_lock:
+        gate = _gates.get((namespace, owner))
+    if gate is None or version is None:
+        return False
+    return bool(gate.written.get((body.get("kind", ""), meta.get("name", ""))) == version)
+
+
 def _child_event(event: Mapping[str, Any], body: Mapping[str, Any], memo: kopf.Memo, logger: Any) -> None:
     if event.get("type") is None:  # the initial listing: resume handles those resources
         return
     owner = _owner(body)
     namespace = (body.get("metadata") or {}).get("namespace")
-    if owner is None or not namespace:
+    if owner is None or not namespace or _is_echo(event, body, namespace, owner):
         return
     try:
         _pass(memo, namespace, owner, stats=False, wait=False, logger=logger)

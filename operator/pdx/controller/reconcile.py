@@ -63,6 +63,9 @@ class Outcome:
     status: dict[str, Any] = field(default_factory=dict)  # the keys written, empty if none
     invalid: str | None = None
     error: str | None = None
+    # (kind, name) -> resourceVersion the API answered to this pass's applies: the watch
+    # events carrying exactly these versions are echoes of our own writes, nothing new.
+    versions: dict[tuple[str, str], str] = field(default_factory=dict)
 
     @property
     def writes(self) -> int:
@@ -257,7 +260,10 @@ def reconcile(
                 why = needs_apply(obj, children.get(_key(obj)))
                 if why is None:
                     continue
-                kube.apply(obj)
+                answer = kube.apply(obj)
+                version = ((answer or {}).get("metadata") or {}).get("resourceVersion")
+                if version:
+                    out.versions[_key(obj)] = str(version)
                 out.applied.append(f"{obj['kind']}/{obj['metadata']['name']} ({why})")
             for key, obj in children.items():
                 if key not in wanted:
