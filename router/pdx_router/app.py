@@ -311,7 +311,7 @@ class Router:
         return out
 
     async def _relay_stream(self, req: web.Request, turn: Turn, resp: Response) -> tuple[Captured, web.StreamResponse]:
-        out = web.StreamResponse(
+        out = _EventStream(
             headers={
                 "Content-Type": "text/event-stream",
                 "Cache-Control": "no-cache",
@@ -383,6 +383,13 @@ class Router:
 
 
 ROUTER = web.AppKey("router", Router)
+
+
+class _EventStream(web.StreamResponse):
+    """The status line and headers leave with the first event: one send() on the TTFT path
+    instead of two. (aiohttp's web.Response sets the same class attribute.)"""
+
+    _send_headers_immediately = False
 
 
 def _error(status: int, message: str) -> web.Response:
