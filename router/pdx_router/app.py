@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import orjson
 from aiohttp import web
 from prometheus_client import generate_latest
@@ -23,7 +24,6 @@ from .config import RouterConfig
 from .discovery import Discovery, Pool
 from .endpoints import Endpoint
 from .entries import Entry
-from .link import LinkError, Response
 from .metrics import Metrics
 from .policy import Outcome
 from .store import MemoryStore, RedisStore, Store
@@ -288,14 +288,11 @@ class Router:
             try:
                 ctx = self.upstream.open(decode, turn.path, body, turn.headers)
                 resp = await ctx.__aenter__()
-            except (LinkError, TimeoutError) as exc:
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 raise UpstreamError(decode, None, repr(exc)) from exc
             try:
                 if resp.status >= 400:
-                    try:
-                        raw = await resp.read()
-                    except (LinkError, TimeoutError) as exc:
-                        raise UpstreamError(decode, resp.status, repr(exc)) from exc
+                    raw = await resp.read()
                     if resp.status >= 500:
                         raise UpstreamError(decode, resp.status, raw[:300].decode(errors="replace"))
                     raise ClientFacingError(resp.status, raw, resp.content_type)
@@ -310,7 +307,9 @@ class Router:
         await self._finish(turn, decode, cap)
         return out
 
-    async def _relay_stream(self, req: web.Request, turn: Turn, resp: Response) -> tuple[Captured, web.StreamResponse]:
+    async def _relay_stream(
+        self, req: web.Request, turn: Turn, resp: aiohttp.ClientResponse
+    ) -> tuple[Captured, web.StreamResponse]:
         out = _EventStream(
             headers={
                 "Content-Type": "text/event-stream",
@@ -325,7 +324,7 @@ class Router:
         try:
             # Whole socket reads, not lines: each client write is a chunked-encoding frame and
             # a send(), which dominated the router's CPU when done per SSE line.
-            async for block in resp.iter_blocks():
+            async for block in resp.content.iter_any():
                 if not passthrough:
                     block = filt.feed(block)
                 if not block:
@@ -334,7 +333,7 @@ class Router:
                 if first and b"data: " in block:
                     first = False
                     self.metrics.ttft.observe(time.perf_counter() - turn.started)
-        except (LinkError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("decode stream broke: %r", exc)
             filt.captured.kv = None  # incomplete turn: do not store
         if not passthrough and (rest := filt.flush()):
@@ -342,11 +341,13 @@ class Router:
         await out.write_eof()
         return filt.captured, out
 
-    async def _relay_json(self, req: web.Request, turn: Turn, resp: Response) -> tuple[Captured, web.StreamResponse]:
+    async def _relay_json(
+        self, req: web.Request, turn: Turn, resp: aiohttp.ClientResponse
+    ) -> tuple[Captured, web.StreamResponse]:
         try:
             data = orjson.loads(await resp.read())
-        except (LinkError, TimeoutError, orjson.JSONDecodeError) as exc:
-            raise UpstreamError(Endpoint(resp.url, "decode", ""), None, repr(exc)) from exc
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+            raise UpstreamError(Endpoint(str(resp.url), "decode", ""), None, repr(exc)) from exc
         cap = filter_response(data, turn.capture, strip_ids=not turn.client_wants_ids)
         self.metrics.ttft.observe(time.perf_counter() - turn.started)
         out = web.Response(body=orjson.dumps(data), content_type="application/json", headers=self._pdx_headers(turn))

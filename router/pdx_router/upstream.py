@@ -8,7 +8,6 @@ quotes are escaped), and only a chunk carrying kv_transfer_params is parsed and 
 from __future__ import annotations
 
 import re
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,8 +15,8 @@ import aiohttp
 import orjson
 
 from .endpoints import Endpoint
-from .link import Link, LinkError, Response
 
+_JSON = {"Content-Type": "application/json"}
 _KV_MARK = b'"kv_transfer_params":'
 _ID_FIELDS = (b'"prompt_token_ids":', b'"token_ids":')
 _ANY_ID = b'token_ids":'  # a suffix of both id fields: one search rules both out
@@ -177,20 +176,17 @@ def filter_response(data: dict[str, Any], capture: bool, strip_ids: bool) -> Cap
 
 
 class Upstream:
-    """The engines' HTTP clients: the lean keep-alive `Link` for the per-turn hops, an
-    aiohttp session for health checks and metrics (off the request path)."""
+    """The engines' HTTP client: one session, keep-alive, no per-request connection setup."""
 
     def __init__(self, timeout_seconds: float) -> None:
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds, sock_connect=5)
         self.session: aiohttp.ClientSession | None = None
-        self.link = Link(timeout_seconds)
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=10)
         self.session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, json_serialize=_dumps_str)
 
     async def close(self) -> None:
-        await self.link.close()
         if self.session is not None:
             await self.session.close()
 
@@ -201,24 +197,22 @@ class Upstream:
     async def post_json(self, ep: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         """POST and return the JSON answer; 4xx -> ClientFacingError, else UpstreamError."""
         try:
-            async with self.link.post(ep.url, path, orjson.dumps(body), headers) as resp:
+            async with self._s().post(ep.url + path, data=orjson.dumps(body), headers={**headers, **_JSON}) as resp:
                 raw = await resp.read()
-            if resp.status >= 500:
-                raise UpstreamError(ep, resp.status, raw[:300].decode(errors="replace"))
-            if resp.status >= 400:
-                raise ClientFacingError(resp.status, raw, resp.content_type)
-            out = orjson.loads(raw)
-            if not isinstance(out, dict):
-                raise UpstreamError(ep, resp.status, "answer is not a JSON object")
-            return out
-        except (LinkError, TimeoutError, orjson.JSONDecodeError) as exc:
+                if resp.status >= 500:
+                    raise UpstreamError(ep, resp.status, raw[:300].decode(errors="replace"))
+                if resp.status >= 400:
+                    raise ClientFacingError(resp.status, raw, resp.content_type)
+                out = orjson.loads(raw)
+                if not isinstance(out, dict):
+                    raise UpstreamError(ep, resp.status, "answer is not a JSON object")
+                return out
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
             raise UpstreamError(ep, None, repr(exc)) from exc
 
-    def open(
-        self, ep: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]
-    ) -> AbstractAsyncContextManager[Response]:
+    def open(self, ep: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
         """Start a request whose answer is read incrementally (the decode hop)."""
-        return self.link.post(ep.url, path, orjson.dumps(body), headers)
+        return self._s().post(ep.url + path, data=orjson.dumps(body), headers={**headers, **_JSON})
 
     async def get(self, url: str, timeout: float) -> tuple[int, bytes]:
         async with self._s().get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
