@@ -33,7 +33,9 @@ def _up(args: argparse.Namespace) -> int:
         for name, secs in topo.healthy_after.items():
             print(f"  {name:<24} healthy after {secs:5.1f}s", file=sys.stderr)
         print(f"pdx local: router at {topo.router_url}  (Ctrl-C stops)", file=sys.stderr)
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        stop = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # delivered to sigwait, not a handler
+        signal.sigwait(stop)
     return 0
 
 
