@@ -10,7 +10,7 @@ test:                  ## set up, lint, type-check, run all tests (CI runs this)
 setup:                 ## .venv with pdx, vLLM CPU, NIXL and the test tools
 	scripts/setup.sh
 
-e2e:                   ## end-to-end with real vLLM CPU engines through pdx local (slow)
+e2e:                   ## only the end-to-end tests with real vLLM CPU engines (make test runs them too)
 	.venv/bin/pytest -q -p no:cacheprovider -m engines tests/e2e
 
 lint:                  ## ruff + mypy --strict

@@ -12,3 +12,6 @@ fi
 .venv/bin/ruff check .
 .venv/bin/mypy operator/pdx router/pdx_router benchmark/pdx_bench
 .venv/bin/pytest -q -p no:cacheprovider "$@"
+# Real vLLM engines (pdx local, 1P1D, off then on): about 4 minutes on 2 cores. Kept apart so
+# that the fast tests report first and the engines have the machine to themselves.
+.venv/bin/pytest -q -p no:cacheprovider -m engines tests/e2e
