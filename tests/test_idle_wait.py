@@ -12,15 +12,19 @@ import pytest
 from pdx import idle_wait
 
 
+class Request:
+    def __init__(self, finished: bool) -> None:
+        self.finished = finished
+
+    def is_finished(self) -> bool:
+        return self.finished
+
+
 class Scheduler:
+    """Tracks `unfinished` live requests and `held` finished ones whose blocks a peer may read."""
+
     def __init__(self, unfinished: int, held: int) -> None:
-        self.unfinished, self.held = unfinished, held
-
-    def has_requests(self) -> bool:
-        return self.unfinished + self.held > 0
-
-    def has_unfinished_requests(self) -> bool:
-        return self.unfinished > 0
+        self.requests = {f"r{i}": Request(finished=i >= unfinished) for i in range(unfinished + held)}
 
 
 class Core:
@@ -104,6 +108,6 @@ def test_the_installed_vllm_engine_core_has_what_the_wrapper_uses() -> None:
     core = pytest.importorskip("vllm.v1.engine.core")
     proc = core.EngineCoreProc
     assert callable(proc._process_engine_step) and callable(proc._handle_client_request)
-    from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
+    from vllm.v1.request import Request as VllmRequest
 
-    assert callable(VllmScheduler.has_requests) and callable(VllmScheduler.has_unfinished_requests)
+    assert callable(VllmRequest.is_finished)

@@ -96,19 +96,19 @@ def _f(v: float | None, fmt: str = "{:.0f}") -> str:
     return fmt.format(v)
 
 
-HEADERS = ("prefix", "prompt tok", "n", "OFF p50", "OFF p90", "ON p50", "ON p90", "OFF/ON", "ON hit rate")
+HEADERS = ("prefix", "prompt tok", "n off/on", "OFF p50", "OFF p90", "ON p50", "ON p90", "OFF/ON", "ON hit rate")
 
 
 def table_rows(rows: Sequence[Row]) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = []
     for r in rows:
         prompt = r.on.prompt_tokens if r.on else (r.off.prompt_tokens if r.off else None)
-        n = (r.off.n if r.off else 0) + (r.on.n if r.on else 0)
+        n = f"{r.off.n if r.off else 0}/{r.on.n if r.on else 0}"  # requests per leg
         out.append(
             (
                 str(r.length),
                 _f(prompt),
-                str(n),
+                n,
                 _f(r.off.ttft_p50 if r.off else None),
                 _f(r.off.ttft_p90 if r.off else None),
                 _f(r.on.ttft_p50 if r.on else None),

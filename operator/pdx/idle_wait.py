@@ -42,8 +42,13 @@ def wait_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> fl
 
 
 def only_held_requests(scheduler: Any) -> bool:
-    """Nothing to run or fetch; only finished requests whose blocks are held for a peer."""
-    return bool(scheduler.has_requests()) and not scheduler.has_unfinished_requests()
+    """Every request the scheduler still tracks has finished: its blocks are only held for a peer.
+
+    Asked of each request rather than of the queue counts: a request whose KV is still being
+    fetched may sit in none of the waiting queues, and it must keep the engine stepping.
+    """
+    requests = scheduler.requests.values()
+    return bool(requests) and all(request.is_finished() for request in requests)
 
 
 def wrap_step(step: Callable[[Any], bool], wait_s: float) -> Callable[[Any], bool]:
