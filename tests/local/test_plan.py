@@ -110,3 +110,34 @@ def test_a_state_directory_owned_by_a_running_topology_is_refused(tmp_path: Path
     finally:
         sleeper.kill()
         stranger.kill()
+
+
+def test_down_also_ends_the_up_process_that_owns_the_state_directory(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from pdx.local.topology import OWNER_FILE, _process_identity, stop_recorded
+
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        (tmp_path / OWNER_FILE).write_text(_process_identity(owner.pid))
+        stop_recorded(tmp_path)
+        assert owner.wait(10) != 0
+        assert not (tmp_path / OWNER_FILE).exists()
+    finally:
+        owner.kill()
+
+
+def test_down_leaves_a_process_that_only_reuses_the_owners_pid_alone(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from pdx.local.topology import OWNER_FILE, stop_recorded
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        (tmp_path / OWNER_FILE).write_text(f"{other.pid} 1")  # same pid, another start time
+        stop_recorded(tmp_path)
+        assert other.poll() is None
+    finally:
+        other.kill()

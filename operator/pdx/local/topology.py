@@ -181,6 +181,7 @@ class LocalTopology:
     def _write_pids(self) -> None:
         pids = {name: p.pid for name, p in self._popen.items()}
         (self.state_dir / "pids.json").write_text(json.dumps(pids))
+        (self.state_dir / OWNER_FILE).write_text(_process_identity(os.getpid()))
 
     def kill(self, name: str) -> None:
         """End one process (e.g. a decode between turns) as a node failure would."""
@@ -211,8 +212,9 @@ class LocalTopology:
                     os.killpg(popen.pid, signal.SIGKILL)
                 popen.wait()
         self._popen.clear()
-        with contextlib.suppress(FileNotFoundError):
-            (self.state_dir / "pids.json").unlink()
+        for stale in ("pids.json", OWNER_FILE):
+            with contextlib.suppress(FileNotFoundError):
+                (self.state_dir / stale).unlink()
 
     # -- what callers read ------------------------------------------------------------------
     def by_role(self, role: str) -> list[LocalProcess]:
@@ -274,8 +276,28 @@ def recorded_alive(state_dir: Path) -> dict[str, int]:
     return alive
 
 
+OWNER_FILE = "owner"
+
+
+def _process_identity(pid: int) -> str:
+    """pid and kernel start time: a reused pid does not match."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return f"{pid} {stat.rsplit(')', 1)[1].split()[19]}"
+
+
 def stop_recorded(state_dir: Path) -> list[str]:
-    """End the processes a previous `pdx local up` recorded, and only those."""
+    """End the processes a previous `pdx local up` recorded, and only those, and that `up` itself."""
+    owner_file = state_dir / OWNER_FILE
+    with contextlib.suppress(OSError, ValueError):
+        owner = owner_file.read_text()
+        pid = int(owner.split()[0])
+        if pid != os.getpid() and _process_identity(pid) == owner:
+            os.kill(pid, signal.SIGTERM)  # it stops its processes itself; the loop below makes sure
+    with contextlib.suppress(FileNotFoundError):
+        owner_file.unlink()
     stopped = []
     for name, pid in recorded_alive(state_dir).items():
         with contextlib.suppress(ProcessLookupError):
