@@ -288,6 +288,8 @@ def execute(target: Target, cfg: SweepConfig, out: Path, counter_for: Any) -> in
     for attr in ("start_seconds", "rollout_seconds"):
         for leg_name, secs in getattr(target, attr, {}).items():
             context[f"{leg_name} leg ready after"] = f"{secs:.0f} s"
+    for leg_name, peaks in getattr(target, "peak_rss_mib", {}).items():
+        context[f"{leg_name} leg peak RSS"] = ", ".join(f"{name} {mib / 1024:.2f} GiB" for name, mib in peaks.items())
     source = sorted({r.kv_transfer_source for r in records if r.kv_transfer_source})
     notes = [
         "TTFT: time to the first streamed content chunk, as vLLM's multi-turn benchmark measures it.",

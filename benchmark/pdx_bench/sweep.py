@@ -100,6 +100,7 @@ class LocalTarget:
         self.factory = factory or _local_topology
         self.description = f"local topology of {document.get('metadata', {}).get('name', '?')}"
         self.start_seconds: dict[str, float] = {}
+        self.peak_rss_mib: dict[str, dict[str, float]] = {}
 
     @contextlib.contextmanager
     def serve(self, bidirectional: bool | None) -> Iterator[Endpoints]:
@@ -107,12 +108,17 @@ class LocalTarget:
         t0 = time.monotonic()
         with self.factory(doc, self.state_dir) as topo:
             self.start_seconds[_leg(bidirectional)] = time.monotonic() - t0
-            yield Endpoints(
-                router_url=str(topo.router_url),
-                engine_urls={k: list(v) for k, v in dict(topo.engine_urls).items()},
-                model_dir=Path(topo.model_dir),
-                served_model_name=served_model_name(doc),
-            )
+            try:
+                yield Endpoints(
+                    router_url=str(topo.router_url),
+                    engine_urls={k: list(v) for k, v in dict(topo.engine_urls).items()},
+                    model_dir=Path(topo.model_dir),
+                    served_model_name=served_model_name(doc),
+                )
+            finally:
+                peak = getattr(topo, "peak_rss_mib", None)  # read while the processes still run
+                if callable(peak):
+                    self.peak_rss_mib[_leg(bidirectional)] = dict(peak())
 
 
 class RolloutTimeout(TimeoutError):

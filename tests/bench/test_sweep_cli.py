@@ -54,6 +54,9 @@ class FakeTopology:
     def engine_urls(self) -> dict[str, list[str]]:
         return {"prefill": [self._fake.url], "decode": []}
 
+    def peak_rss_mib(self) -> dict[str, float]:
+        return {"local-prefill-0": 4608.0, "local-router-0": 41.0}
+
 
 @pytest.fixture(autouse=True)
 def _reset() -> Iterator[None]:
@@ -132,6 +135,8 @@ def test_cli_local_run_writes_everything(
     assert summary["errors"] == 0
     # The served model name comes from the CR.
     assert FakeTopology.models == {"pdx-tiny"}
+    report = (out / "report.md").read_text()
+    assert "on leg peak RSS**: local-prefill-0 4.50 GiB, local-router-0 0.04 GiB" in report
 
 
 def test_cli_url_mode_runs_one_leg(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
