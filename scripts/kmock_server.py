@@ -1,0 +1,149 @@
+"""tests/operator's kmock API server in a process of its own, for scripts/bench_operator.py.
+
+In the operator's process, kmock took most of the GIL (matching requests, scanning objects), so
+the benchmark measured the mock. Here it gets its own interpreter on a loopback port. Besides
+the Kubernetes API it answers two bench-only paths, computed here so that the operator's process
+does not pay for walking the objects:
+
+- ``GET /_bench/counts``: ``{"children": {instance: n}, "generations": {name: observedGeneration},
+  "watched": [plural, ...]}`` (what the operator has started watching);
+- ``GET /_bench/wait?name=N&children=C&timeout=T``: returns once instance N has C children
+  (or T seconds passed) with ``{"children": n}``; it re-counts after each write, not by polling.
+
+Prints ``URL <server url>`` on stdout once listening; exits when stdin closes (the parent ended).
+
+    .venv/bin/python scripts/kmock_server.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import contextvars
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+import attrs
+import kmock
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.operator.conftest import CHILD_RESOURCES, CR, ApiServer, declare
+
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+WRITES = (kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE)
+
+
+_handling: contextvars.ContextVar[kmock.Request | None] = contextvars.ContextVar("handling", default=None)
+
+
+class RequestLog:
+    """The request log kmock matches against, as seen by each request: that request alone.
+
+    kmock finds a request's reactions by re-filtering its whole request log for that very
+    request, so each request costs O(log length); even a 64-entry log made the mock spend
+    ~45 ms per request, 5x the operator's CPU per resource. The bench never inspects past
+    requests, and aiohttp handles each request in its own task (its own context), so the log
+    each request's matching iterates holds just that request."""
+
+    def __init__(self) -> None:
+        self._seen = 0
+
+    def append(self, request: kmock.Request) -> None:
+        self._seen += 1
+        _handling.set(request)
+
+    def __iter__(self) -> Iterator[kmock.Request]:
+        request = _handling.get()
+        return iter(() if request is None else (request,))
+
+    def __len__(self) -> int:
+        return self._seen  # kmock numbers requests by it
+
+
+@attrs.define(kw_only=True)
+class BenchApiServer(ApiServer):
+    """ApiServer plus the bench's read-outs, answered before kmock's request matching."""
+
+    _changed: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)  # replaced per write
+    _watched: set[str] = attrs.field(factory=set, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self._requests = RequestLog()  # type: ignore[assignment]
+
+    async def _handle(self, request: kmock.Request) -> Any:
+        path = request.url.path
+        if path == "/_bench/counts":
+            kids, gens = self.counts()
+            return aiohttp.web.json_response({"children": kids, "generations": gens, "watched": sorted(self._watched)})
+        if path == "/_bench/wait":
+            return aiohttp.web.json_response({"children": await self._wait(request)})
+        if request.resource is not None and request.resource.plural and request.action == kmock.action.WATCH:
+            self._watched.add(request.resource.plural)
+        try:
+            return await super()._handle(request)
+        finally:
+            if request.resource is not None and request.action in WRITES:
+                self._changed.set()
+                self._changed = asyncio.Event()
+
+    async def _wait(self, request: kmock.Request) -> int:
+        """Children of instance `name` once there are `children` of them or `timeout` passed."""
+        name = request.params["name"]
+        want = int(request.params.get("children", "1"))
+        end = time.monotonic() + float(request.params.get("timeout", "60"))
+        while (n := self.counts()[0].get(name, 0)) < want and (left := end - time.monotonic()) > 0:
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), left)
+        return n
+
+    def counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Live children per instance label, and status.observedGeneration per CR name."""
+        kids: dict[str, int] = {}
+        gens: dict[str, int] = {}
+        child_res = set(CHILD_RESOURCES.values())
+        for (res, _ns, _name), obj in list(self.objects.items()):
+            if obj.deleted:
+                continue
+            raw = obj.raw
+            if res in child_res:
+                inst = raw["metadata"]["labels"][INSTANCE_LABEL]
+                kids[inst] = kids.get(inst, 0) + 1
+            elif res == CR:
+                gen = (raw.get("status") or {}).get("observedGeneration")
+                if gen is not None:
+                    gens[raw["metadata"]["name"]] = gen
+        return kids, gens
+
+
+async def _stdin_closed() -> None:
+    """Wait for EOF on stdin, so the server never outlives the bench that started it."""
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.buffer.read)
+
+
+async def serve() -> None:
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # per-request lines are cost
+    async with BenchApiServer() as api, kmock.Server(api):
+        declare(api)
+        os.write(1, f"URL {str(api.url).rstrip('/')}\n".encode())
+        await _stdin_closed()
+
+
+def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    asyncio.run(serve())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
