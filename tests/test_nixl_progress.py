@@ -48,11 +48,6 @@ def test_unset_or_empty_means_no_change() -> None:
     assert nixl_progress.delay_from_env({nixl_progress.ENV: " "}) is None
 
 
-@pytest.mark.parametrize("raw", ["0", "-5", "1ms", "1.5"])
-def test_bad_values_name_the_variable_and_the_fix(raw: str) -> None:
-    with pytest.raises(ValueError, match=f"{nixl_progress.ENV}=.*whole number of microseconds"):
-        nixl_progress.delay_from_env({nixl_progress.ENV: raw})
-
 
 def test_the_real_nixl_agent_starts_with_the_delay(monkeypatch: pytest.MonkeyPatch) -> None:
     nixl_api = pytest.importorskip("nixl._api")

@@ -22,11 +22,6 @@ def test_a_vllm_without_the_constant_is_left_alone() -> None:
     assert not hasattr(module, "SHM_READER_RECHECK_INTERVAL_MS")
 
 
-@pytest.mark.parametrize("raw", ["0", "-1", "5ms", "0.5"])
-def test_bad_values_name_the_variable_and_the_fix(raw: str) -> None:
-    with pytest.raises(ValueError, match=f"{shm_recheck.ENV}=.*whole number of milliseconds"):
-        shm_recheck.recheck_from_env({shm_recheck.ENV: raw})
-
 
 def test_the_installed_vllm_reads_the_constant_at_call_time(monkeypatch: pytest.MonkeyPatch) -> None:
     shm = pytest.importorskip("vllm.distributed.device_communicators.shm_broadcast")

@@ -22,8 +22,10 @@ import functools
 import logging
 import os
 import queue
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from pdx.plugin_env import positive_int
 
 logger = logging.getLogger("vllm.pdx_plugin")
 
@@ -31,14 +33,10 @@ ENV = "PDX_ENGINE_IDLE_WAIT_MS"
 _MARK = "_pdx_idle_wait_s"
 
 
-def wait_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> float | None:
-    """The requested wait in seconds; ValueError names the variable and the fix."""
-    raw = environ.get(ENV, "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{ENV}={raw!r}: expected a whole number of milliseconds >= 1, or unset it")
-    return int(raw) / 1000
+def wait_from_env(environ: Mapping[str, str] = os.environ) -> float | None:
+    """The requested wait in seconds, None when unset."""
+    ms = positive_int(ENV, "milliseconds", environ)
+    return None if ms is None else ms / 1000
 
 
 def only_held_requests(scheduler: Any) -> bool:

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
+
+from pdx.plugin_env import positive_int
 
 logger = logging.getLogger("vllm.pdx_plugin")
 
@@ -40,14 +43,9 @@ class _AgentWithDelay:
         return self._bindings.nixlAgent(name, config)
 
 
-def delay_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> int | None:
-    """The requested delay in microseconds; ValueError names the variable and the fix."""
-    raw = environ.get(ENV, "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{ENV}={raw!r}: expected a whole number of microseconds >= 1, or unset it")
-    return int(raw)
+def delay_from_env(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The requested delay in microseconds, None when unset."""
+    return positive_int(ENV, "microseconds", environ)
 
 
 def patch(api: ModuleType, delay_us: int) -> bool:

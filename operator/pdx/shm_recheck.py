@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from types import ModuleType
+
+from pdx.plugin_env import positive_int
 
 logger = logging.getLogger("vllm.pdx_plugin")
 
@@ -22,14 +25,9 @@ ENV = "PDX_SHM_RECHECK_MS"
 _CONSTANT = "SHM_READER_RECHECK_INTERVAL_MS"
 
 
-def recheck_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> int | None:
-    """The requested interval in milliseconds; ValueError names the variable and the fix."""
-    raw = environ.get(ENV, "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{ENV}={raw!r}: expected a whole number of milliseconds >= 1, or unset it")
-    return int(raw)
+def recheck_from_env(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The requested interval in milliseconds, None when unset."""
+    return positive_int(ENV, "milliseconds", environ)
 
 
 def patch(shm_broadcast: ModuleType, interval_ms: int) -> bool:
