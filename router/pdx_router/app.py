@@ -297,7 +297,7 @@ class Router:
                         raise UpstreamError(decode, resp.status, raw[:300].decode(errors="replace"))
                     raise ClientFacingError(resp.status, raw, resp.content_type)
                 if turn.stream:
-                    cap, out = await self._relay_stream(req, turn, resp)
+                    cap, out = await self._relay_stream(req, turn, resp, decode)
                 else:
                     cap, out = await self._relay_json(req, turn, resp)
             finally:
@@ -308,7 +308,7 @@ class Router:
         return out
 
     async def _relay_stream(
-        self, req: web.Request, turn: Turn, resp: aiohttp.ClientResponse
+        self, req: web.Request, turn: Turn, resp: aiohttp.ClientResponse, decode: Endpoint
     ) -> tuple[Captured, web.StreamResponse]:
         out = _EventStream(
             headers={
@@ -327,6 +327,10 @@ class Router:
             async for block in resp.content.iter_any():
                 if not passthrough:
                     block = filt.feed(block)
+                    if filt.captured.kv is not None and not filt.captured.stored:
+                        # Before the client can see the end of the turn: an agent sends the next
+                        # turn as soon as it has [DONE], and that turn must find this entry.
+                        await self._store_entry(turn, decode, filt.captured)
                 if not block:
                     continue
                 await out.write(block)
@@ -337,6 +341,8 @@ class Router:
             log.warning("decode stream broke: %r", exc)
             filt.captured.kv = None  # incomplete turn: do not store
         if not passthrough and (rest := filt.flush()):
+            if filt.captured.kv is not None and not filt.captured.stored:
+                await self._store_entry(turn, decode, filt.captured)
             await out.write(rest)
         await out.write_eof()
         return filt.captured, out
@@ -354,7 +360,8 @@ class Router:
         return cap, out
 
     async def _finish(self, turn: Turn, decode: Endpoint, cap: Captured) -> None:
-        """Record the turn, log the line the seed's data collection reads, store the entry."""
+        """Record the turn, log the line the seed's data collection reads, store the entry
+        (a non-streamed answer leaves only after this returns)."""
         self.metrics.outcome(turn.outcome, turn.reused_tokens)
         log.info(
             "Prefill done in %.0fms reuse=%s reused_tokens=%d total=%.0fms",
@@ -363,6 +370,12 @@ class Router:
             turn.reused_tokens,
             (time.perf_counter() - turn.started) * 1000,
         )
+        if not cap.stored:
+            await self._store_entry(turn, decode, cap)
+
+    async def _store_entry(self, turn: Turn, decode: Endpoint, cap: Captured) -> None:
+        """Keep what decode holds for this conversation's next turn, once per turn."""
+        cap.stored = True
         if turn.key is None or not turn.capture or cap.choices > 1:
             return
         entry = policy.make_entry(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import aiohttp
 import orjson
 
 from pdx_router.policy import FRESH_PREFILL_KV
@@ -104,4 +105,27 @@ async def test_session_header_names_the_conversation(make_stack: StackFactory, h
     _, _, data = await chat(http, s.url, msgs, conversation=None, headers={"X-Session-ID": "s9"})
     msgs += [assistant(data["choices"][0]["message"]["content"]), user("x")]
     _, headers, _ = await chat(http, s.url, msgs, conversation=None, headers={"X-Session-ID": "s9"})
+    assert headers["X-PDX-Reuse"] == "hit"
+
+
+async def test_the_next_turn_sent_the_moment_a_stream_ends_finds_the_entry(make_stack: StackFactory, http) -> None:
+    """An agent sends turn N+1 as soon as it reads [DONE]; the entry must be stored before that."""
+    import asyncio
+
+    s = await make_stack()
+    store = s.router.store
+    real_put = store.put
+
+    async def slow_put(key: str, entry: object) -> None:  # e.g. a Redis round trip on a busy node
+        await asyncio.sleep(0.3)
+        await real_put(key, entry)  # type: ignore[arg-type]
+
+    store.put = slow_put  # type: ignore[method-assign]
+    msgs = [user(LONG)]
+    _, _, lines = await chat(http, s.url, msgs, stream=True)
+    msgs += [assistant(stream_text(lines).strip()), user("next, at once")]
+    # Another connection: on the same keep-alive one the server would wait for the handler.
+    async with aiohttp.ClientSession() as other:
+        status, headers, _ = await chat(other, s.url, msgs, stream=True)
+    assert status == 200
     assert headers["X-PDX-Reuse"] == "hit"
