@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import contextvars
+import itertools
 import logging
 import os
 import sys
@@ -75,9 +76,42 @@ class BenchApiServer(ApiServer):
     _changed: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)  # replaced per write
     _watched: set[str] = attrs.field(factory=set, init=False)
 
+    _index: dict[kmock.resource, dict[tuple[Any, str | None, str], None]] = attrs.field(factory=dict, init=False)
+    _indexed: int = attrs.field(default=0, init=False)
+
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self._requests = RequestLog()  # type: ignore[assignment]
+
+    def _by_resource(self) -> dict[kmock.resource, dict[tuple[Any, str | None, str], None]]:
+        """Object keys per resource. kmock finds a request's objects (and, for lists, the known
+        resources) by comparing every stored object: O(all objects) per request, which at 500
+        CRs (6000 children) made the mock the bottleneck. kmock never drops a key (deletes are
+        soft), so new keys are at the end of its insertion-ordered store."""
+        if len(self.objects) != self._indexed:
+            for key in itertools.islice(self.objects.keys(), self._indexed, None):
+                self._index.setdefault(key[0], {})[key] = None  # ordered, as kmock lists
+            self._indexed = len(self.objects)
+        return self._index
+
+    def _get_resources(self) -> list[kmock.resource]:
+        return list({*kmock.KubernetesScaffold._get_resources(self), *self._by_resource()})
+
+    def _KubernetesEmulator__get_objs(self, request: kmock.Request, strict: bool) -> list[Any]:
+        """kmock's object lookup (a private method), by index instead of a scan; same rules:
+        strict needs the namespace as given, else no namespace means all namespaces."""
+        store = self.objects._objects  # the key -> Object dict; an object may be replaced
+        if request.resource is None:
+            return []
+        if request.name is not None and (strict or request.namespace is not None):
+            obj = store.get((request.resource, request.namespace, request.name))
+            return [] if obj is None else [obj]
+        return [
+            store[key]
+            for key in self._by_resource().get(request.resource, {})
+            if (key[1] == request.namespace or (not strict and request.namespace is None))
+            and (request.name is None or key[2] == request.name)
+        ]
 
     async def _handle(self, request: kmock.Request) -> Any:
         path = request.url.path
