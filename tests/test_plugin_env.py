@@ -13,6 +13,7 @@ KNOBS = [
     (nixl_progress.ENV, nixl_progress.delay_from_env, "microseconds", 1000, 1000),
     (idle_wait.ENV, idle_wait.wait_from_env, "milliseconds", 3000, 3.0),
     (shm_recheck.ENV, shm_recheck.recheck_from_env, "milliseconds", 2, 2),
+    (shm_recheck.BUSY_ENV, shm_recheck.busy_loop_from_env, "milliseconds", 20, 20),
 ]
 
 
