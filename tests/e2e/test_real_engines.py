@@ -107,6 +107,18 @@ def asst(a: Answer) -> dict[str, str]:
     return {"role": "assistant", "content": a.text}
 
 
+def edited(step: int, spelled: str) -> list[Any]:
+    """Turn 1, then turn 2 with turn 1's user message edited (its step number spelled out)."""
+    return [
+        lambda a: [SYSTEM, user(step)],
+        lambda a: [
+            SYSTEM,
+            {"role": "user", "content": user(step)["content"].replace(f"Step {step}", f"Step {spelled}")},
+            user(step + 1),
+        ],
+    ]
+
+
 # Each scenario has its own steps: a prompt repeated verbatim in another conversation would be
 # a full local prefix hit on decode, which in vLLM 0.32 (CPU) stalls until prefill's 30 s
 # block lease expires (seen here; see the closing note) and would only slow the test.
@@ -118,14 +130,7 @@ SCENARIOS: dict[str, list[Any]] = {
         lambda a: [SYSTEM, user(1), asst(a[0]), user(2, 300), asst(a[1]), user(3, 300)],
     ],
     # An earlier user message edited: only the system prompt is still decode's.
-    "edited": [
-        lambda a: [SYSTEM, user(11)],
-        lambda a: [
-            SYSTEM,
-            {"role": "user", "content": user(11)["content"].replace("Step 11", "Step eleven")},
-            user(12),
-        ],
-    ],
+    "edited": edited(11, "eleven"),
     # History truncated: the first exchange dropped.
     "truncated": [
         lambda a: [SYSTEM, user(21)],
@@ -147,14 +152,7 @@ SCENARIOS: dict[str, list[Any]] = {
     # The decode holding the KV dies between turns (and comes back, as its pod would).
     "decode_killed": [lambda a: [SYSTEM, user(61)], lambda a: [SYSTEM, user(61), asst(a[0]), user(62)]],
     # Turn 1 as in "edited", for the blind-reuse probe (its own conversation by hand).
-    "blind": [
-        lambda a: [SYSTEM, user(71)],
-        lambda a: [
-            SYSTEM,
-            {"role": "user", "content": user(71)["content"].replace("Step 71", "Step seventy-one")},
-            user(72),
-        ],
-    ],
+    "blind": edited(71, "seventy-one"),
 }
 
 
