@@ -297,19 +297,19 @@ class Router:
                         raise UpstreamError(decode, resp.status, raw[:300].decode(errors="replace"))
                     raise ClientFacingError(resp.status, raw, resp.content_type)
                 if turn.stream:
-                    cap, out = await self._relay_stream(req, turn, resp, decode)
+                    out = await self._relay_stream(req, turn, resp, decode)
                 else:
-                    cap, out = await self._relay_json(req, turn, resp)
+                    out = await self._relay_json(req, turn, resp, decode)
             finally:
                 await ctx.__aexit__(None, None, None)
         finally:
             decode.outstanding -= 1
-        await self._finish(turn, decode, cap)
+        self._finish(turn)
         return out
 
     async def _relay_stream(
         self, req: web.Request, turn: Turn, resp: aiohttp.ClientResponse, decode: Endpoint
-    ) -> tuple[Captured, web.StreamResponse]:
+    ) -> web.StreamResponse:
         out = _EventStream(
             headers={
                 "Content-Type": "text/event-stream",
@@ -320,17 +320,23 @@ class Router:
         await out.prepare(req)
         filt = StreamFilter(capture=turn.capture, strip_ids=not turn.client_wants_ids)
         passthrough = not turn.capture and turn.client_wants_ids
-        first = True
+        first, stored = True, False
+
+        async def store_once_captured() -> None:
+            # Before the client can see the end of the turn: an agent sends the next turn as
+            # soon as it has [DONE], and that turn must find this entry.
+            nonlocal stored
+            if not stored and filt.captured.kv is not None:
+                stored = True
+                await self._store_entry(turn, decode, filt.captured)
+
         try:
             # Whole socket reads, not lines: each client write is a chunked-encoding frame and
             # a send(), which dominated the router's CPU when done per SSE line.
             async for block in resp.content.iter_any():
                 if not passthrough:
                     block = filt.feed(block)
-                    if filt.captured.kv is not None and not filt.captured.stored:
-                        # Before the client can see the end of the turn: an agent sends the next
-                        # turn as soon as it has [DONE], and that turn must find this entry.
-                        await self._store_entry(turn, decode, filt.captured)
+                    await store_once_captured()
                 if not block:
                     continue
                 await out.write(block)
@@ -341,27 +347,26 @@ class Router:
             log.warning("decode stream broke: %r", exc)
             filt.captured.kv = None  # incomplete turn: do not store
         if not passthrough and (rest := filt.flush()):
-            if filt.captured.kv is not None and not filt.captured.stored:
-                await self._store_entry(turn, decode, filt.captured)
+            await store_once_captured()
             await out.write(rest)
         await out.write_eof()
-        return filt.captured, out
+        return out
 
     async def _relay_json(
-        self, req: web.Request, turn: Turn, resp: aiohttp.ClientResponse
-    ) -> tuple[Captured, web.StreamResponse]:
+        self, req: web.Request, turn: Turn, resp: aiohttp.ClientResponse, decode: Endpoint
+    ) -> web.StreamResponse:
         try:
             data = orjson.loads(await resp.read())
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
             raise UpstreamError(Endpoint(str(resp.url), "decode", ""), None, repr(exc)) from exc
         cap = filter_response(data, turn.capture, strip_ids=not turn.client_wants_ids)
         self.metrics.ttft.observe(time.perf_counter() - turn.started)
+        await self._store_entry(turn, decode, cap)  # the answer leaves after the handler returns
         out = web.Response(body=orjson.dumps(data), content_type="application/json", headers=self._pdx_headers(turn))
-        return cap, out
+        return out
 
-    async def _finish(self, turn: Turn, decode: Endpoint, cap: Captured) -> None:
-        """Record the turn, log the line the seed's data collection reads, store the entry
-        (a non-streamed answer leaves only after this returns)."""
+    def _finish(self, turn: Turn) -> None:
+        """Record the turn and log the line the seed's data collection reads."""
         self.metrics.outcome(turn.outcome, turn.reused_tokens)
         log.info(
             "Prefill done in %.0fms reuse=%s reused_tokens=%d total=%.0fms",
@@ -370,12 +375,9 @@ class Router:
             turn.reused_tokens,
             (time.perf_counter() - turn.started) * 1000,
         )
-        if not cap.stored:
-            await self._store_entry(turn, decode, cap)
 
     async def _store_entry(self, turn: Turn, decode: Endpoint, cap: Captured) -> None:
-        """Keep what decode holds for this conversation's next turn, once per turn."""
-        cap.stored = True
+        """Keep what decode holds for this conversation's next turn."""
         if turn.key is None or not turn.capture or cap.choices > 1:
             return
         entry = policy.make_entry(

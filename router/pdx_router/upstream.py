@@ -49,7 +49,6 @@ class Captured:
     prompt_ids: list[int] | None = None
     output_ids: list[int] | None = None
     kv: dict[str, Any] | None = None
-    stored: bool = False  # the router has acted on this turn's entry (kept it or found nothing to keep)
     choices: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
