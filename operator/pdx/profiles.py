@@ -1,7 +1,8 @@
 """Instance-type profiles: what a node of a kind offers, so the spec can stay short.
 
-A profile fills node selector, GPU and EFA counts, hugepages, /dev/shm and the libfabric
-environment; every value can still be overridden in `spec.placement`. The CRD's CEL rules
+A profile fills node selector, GPU and EFA counts, hugepages, /dev/shm, the libfabric
+environment and the engine environment the node kind needs; every value can still be
+overridden in `spec.placement` (and the engine environment in each role's `env`). The CRD's CEL rules
 embed this same table (see `pdx.rules`), so the API server and the models agree on it.
 """
 
@@ -22,6 +23,7 @@ class InstanceProfile:
     memory_gi: int | None = None  # per node; an engine pod asks its GPU share of it
     cpus: int | None = None  # per node, likewise
     fi_env: dict[str, str] = field(default_factory=dict)
+    engine_env: dict[str, str] = field(default_factory=dict)  # every engine on this kind of node
 
 
 # Environment libfabric needs to use EFA with GPU memory (NIXL's LIBFABRIC backend).
@@ -31,6 +33,18 @@ EFA_ENV: dict[str, str] = {
     "FI_EFA_FORK_SAFE": "1",
     "FI_HMEM_DISABLE_P2P": "0",
     "NIXL_LOG_LEVEL": "INFO",
+}
+
+
+# vLLM CPU engines with bidirectional transfer on a few cores: no torch.compile on the request
+# path, and no spinning where an idle engine would spin (pdx.nixl_progress, pdx.idle_wait,
+# pdx.shm_recheck; docs/engine-notes.md has what each one cost before).
+CPU_ENGINE_ENV: dict[str, str] = {
+    "TORCHDYNAMO_DISABLE": "1",
+    "PDX_NIXL_PROGRESS_DELAY_US": "1000",
+    "PDX_ENGINE_IDLE_WAIT_MS": "3000",
+    "PDX_SHM_RECHECK_MS": "2",
+    "PDX_SHM_BUSY_LOOP_MS": "20",
 }
 
 
@@ -53,7 +67,7 @@ PROFILES: dict[str, InstanceProfile] = {
     "p5e.48xlarge": _gpu_node(efa_devices=32, memory_gi=1900, cpus=180, shm_size="64Gi"),
     "p4d.24xlarge": _gpu_node(efa_devices=4, memory_gi=1100, cpus=90, shm_size="32Gi"),
     # No accelerator and no EFA: the local CPU runtime and CPU-only test clusters.
-    "cpu": InstanceProfile(gpus=0, efa_devices=0, shm_size="1Gi", gpu_taint=False),
+    "cpu": InstanceProfile(gpus=0, efa_devices=0, shm_size="1Gi", gpu_taint=False, engine_env=CPU_ENGINE_ENV),
 }
 
 DEFAULT_INSTANCE_TYPE = "p5en.48xlarge"

@@ -89,7 +89,7 @@ def engine_env(target: Target, role: Role) -> list[dict[str, Any]]:
     if spec.hf_token_secret:
         ref = {"name": spec.hf_token_secret.name, "key": spec.hf_token_secret.key}
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
-    extra: dict[str, str] = {}
+    extra: dict[str, str] = dict(spec.placement.profile.engine_env)
     if spec.uses_efa:
         extra.update(spec.placement.profile.fi_env)
         extra.update(spec.placement.fi_env)
