@@ -115,10 +115,8 @@ class LocalTarget:
                     model_dir=Path(topo.model_dir),
                     served_model_name=served_model_name(doc),
                 )
-            finally:
-                peak = getattr(topo, "peak_rss_mib", None)  # read while the processes still run
-                if callable(peak):
-                    self.peak_rss_mib[_leg(bidirectional)] = dict(peak())
+            finally:  # read while the processes still run
+                self.peak_rss_mib[_leg(bidirectional)] = dict(topo.peak_rss_mib())
 
 
 class RolloutTimeout(TimeoutError):
