@@ -121,7 +121,7 @@ def edited(step: int, spelled: str) -> list[Any]:
 
 # Each scenario has its own steps: a prompt repeated verbatim in another conversation would be
 # a full local prefix hit on decode, which in vLLM 0.32 (CPU) stalls until prefill's 30 s
-# block lease expires (seen here; see the closing note) and would only slow the test.
+# block lease expires (seen here before the fixes in docs/engine-notes.md) and would only slow the test.
 SCENARIOS: dict[str, list[Any]] = {
     # The agent loop: the whole history plus a tool result and a new step each turn.
     "grow": [
