@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import glob
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -32,6 +33,7 @@ import orjson
 PY = sys.executable
 CACHE = Path(tempfile.gettempdir()) / "pdx-bench-upstream" / "disagg_proxy_multiturn.py"
 PLAIN = False  # --plain: no conversation id, so no store and no tokenize hop
+THINK_MS = 0.0  # --think-ms: mean pause between a turn's end and the next (agent tool time)
 FILLER = " ".join(f"word{i}" for i in range(300))
 
 
@@ -134,7 +136,11 @@ def direct(prefill: str, decode: str) -> Turn:
 
 async def conversation(s: aiohttp.ClientSession, turn: Turn, cid: str, turns: int, out: list[float]) -> None:
     msgs: list[dict[str, str]] = [{"role": "user", "content": f"{cid} {FILLER}"}]
+    rng = random.Random(cid)
     for i in range(turns):
+        if THINK_MS:
+            # Exponential pauses, seeded per conversation so every target sees the same ones.
+            await asyncio.sleep(rng.expovariate(1000 / THINK_MS))
         body: dict[str, Any] = {"model": "Qwen", "messages": msgs, "stream": True, "max_tokens": 16}
         if not PLAIN:
             body["conversation_id"] = cid
@@ -154,6 +160,12 @@ async def run(turn: Turn, conc: int, turns: int, tag: str) -> tuple[list[float],
         await asyncio.gather(*(conversation(s, turn, f"{tag}-{conc}-{i}", turns, ttfts) for i in range(conc)))
         wall = time.perf_counter() - t0
     return ttfts, len(ttfts) / wall
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (Linux /proc): the router's cost per turn."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -210,6 +222,7 @@ async def main_async(args: argparse.Namespace) -> None:
             "direct": direct(f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}"),
             "pdx-router": via_proxy(f"http://127.0.0.1:{rp}"),
         }
+        pids = {"pdx-router": procs[-1].pid}
         path, why = get_upstream_proxy(args.upstream_proxy)
         if path is not None:
             procs.append(
@@ -236,6 +249,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 )
             )
             targets["vllm-example"] = via_proxy(f"http://127.0.0.1:{up}")
+            pids["vllm-example"] = procs[-1].pid
         else:
             print(f"(c) vLLM example proxy skipped: {why}")
         await wait_http(f"http://127.0.0.1:{pp}/health")
@@ -248,20 +262,29 @@ async def main_async(args: argparse.Namespace) -> None:
                 del targets["vllm-example"]
         print(
             f"fake engines: prefill {args.prefill_ms} ms, decode 5 ms to first token, "
-            f"2 ms/token, 16 tokens; {args.turns} streamed turns per conversation\n"
+            f"2 ms/token, 16 tokens; {args.turns} streamed turns per conversation"
+            + (f", mean think time {THINK_MS:g} ms" if THINK_MS else ", no think time (lockstep)")
+            + "\n"
         )
-        head = f"{'conc':>4} {'target':<13} {'TTFT p50':>9} {'p99':>8} {'added p50':>10} {'added p99':>10} {'req/s':>7}"
+        head = (
+            f"{'conc':>4} {'target':<13} {'TTFT p50':>9} {'p99':>8} {'added p50':>10} {'added p99':>10} "
+            f"{'req/s':>7} {'CPU ms/turn':>11}"
+        )
         print(head)
         print("-" * len(head))
         for conc in args.concurrency:
             base: tuple[float, float] | None = None
             for name, turn in targets.items():
+                pid = pids.get(name)
+                cpu0 = cpu_seconds(pid) if pid else 0.0
                 ttfts, rps = await run(turn, conc, args.turns, name)
+                # Includes the warm-up turns (2 per conversation) the run also sent.
+                cpu = f"{(cpu_seconds(pid) - cpu0) * 1000 / (len(ttfts) + 2 * conc):>11.3f}" if pid else ""
                 p50, p99 = pct(ttfts, 0.5), pct(ttfts, 0.99)
                 if base is None:
                     base = (p50, p99)
                 added = "" if name == "direct" else f"{p50 - base[0]:>+10.2f} {p99 - base[1]:>+10.2f}"
-                print(f"{conc:>4} {name:<13} {p50:>9.2f} {p99:>8.2f} {added:>21} {rps:>7.1f}")
+                print(f"{conc:>4} {name:<13} {p50:>9.2f} {p99:>8.2f} {added:>21} {rps:>7.1f} {cpu}")
     finally:
         for p in procs:
             p.terminate()
@@ -279,9 +302,10 @@ def main() -> None:
     ap.add_argument("--prefill-ms", type=float, default=20.0)
     ap.add_argument("--upstream-proxy", help="path to disagg_proxy_multiturn.py (skips download)")
     ap.add_argument("--plain", action="store_true", help="send no conversation id")
+    ap.add_argument("--think-ms", type=float, default=0.0, help="mean pause between turns (default: none)")
     args = ap.parse_args()
-    global PLAIN
-    PLAIN = args.plain
+    global PLAIN, THINK_MS
+    PLAIN, THINK_MS = args.plain, args.think_ms
     try:
         import uvloop
 

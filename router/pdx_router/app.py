@@ -77,6 +77,7 @@ class Turn:
     outcome: Outcome = Outcome.NONE
     reused_tokens: int = 0
     prefill_ms: float = 0.0
+    compared_ids: list[int] | None = None  # the prompt ids reuse was planned on (HIT turns)
 
 
 class NoEngines(Exception):
@@ -231,8 +232,10 @@ class Router:
             if decode is None:
                 raise NoEngines
             pbody = policy.prefill_body(turn.body, turn.is_chat, plan.kv if reuse else None)
-            if reuse and ids is not None:
-                pbody = policy.with_prompt_ids(pbody, turn.is_chat, ids)
+            pin = reuse and ids is not None and not turn.is_chat
+            if pin and ids is not None:
+                pbody = policy.pin_completion_prompt(pbody, ids)
+            turn.compared_ids = ids if reuse else None
             t0 = time.perf_counter()
             try:
                 answer = await self._call(prefill, turn, pbody)
@@ -253,8 +256,8 @@ class Router:
             turn.reused_tokens = plan.tokens if reuse else 0
             pkv = answer.get("kv_transfer_params")
             dbody = policy.decode_body(turn.body, pkv if isinstance(pkv, dict) else None, want_token_ids=turn.capture)
-            if reuse and ids is not None:
-                dbody = policy.with_prompt_ids(dbody, turn.is_chat, ids)
+            if pin and ids is not None:
+                dbody = policy.pin_completion_prompt(dbody, ids)
             try:
                 return await self._decode(req, turn, decode, dbody)
             except UpstreamError as exc:
@@ -379,6 +382,13 @@ class Router:
     async def _store_entry(self, turn: Turn, decode: Endpoint, cap: Captured) -> None:
         """Keep what decode holds for this conversation's next turn."""
         if turn.key is None or not turn.capture or cap.choices > 1:
+            return
+        if not policy.prompt_ids_agree(turn.compared_ids, cap.prompt_ids):
+            # /tokenize rendered this chat differently from the completion (a template
+            # argument it did not get?): the reuse decision was made on the wrong ids. Keep
+            # nothing, so the conversation's next turn cannot build on it.
+            self.metrics.tokenize_mismatch.inc()
+            log.warning("prompt ids from /tokenize differ from those decode used; entry dropped")
             return
         entry = policy.make_entry(
             cap.kv,

@@ -54,6 +54,11 @@ class Metrics:
             ["route", "status"],
             registry=r,
         )
+        self.tokenize_mismatch = Counter(
+            "pdx_router_tokenize_mismatch",
+            "Reused turns whose /tokenize ids differ from the ids decode used (entry dropped).",
+            registry=r,
+        )
         self.upstream_errors = Counter("pdx_router_upstream_errors", "Engine errors by role.", ["role"], registry=r)
         for o in STATS_OUTCOMES:
             self.reuse.labels(o.value)

@@ -201,20 +201,20 @@ def decode_body(body: dict[str, Any], prefill_kv: dict[str, Any] | None, want_to
     return out
 
 
-def with_prompt_ids(body: dict[str, Any], is_chat: bool, ids: list[int]) -> dict[str, Any]:
-    """Pin the prompt to the exact ids the prefix check compared.
+def pin_completion_prompt(body: dict[str, Any], ids: list[int]) -> dict[str, Any]:
+    """A completions prompt becomes the exact id list the prefix check compared.
 
-    Chat: vLLM takes kv_transfer_params['prompt_token_ids'] instead of re-rendering.
-    Completions: the prompt itself becomes the id list.
+    Chat has no such pin in vLLM (it always renders the messages itself, and ignores unknown
+    keys in kv_transfer_params), so chat reuse rests on /tokenize rendering like the chat
+    request does; `prompt_ids_agree` checks that after every reused turn.
     """
-    out = dict(body)
-    if is_chat:
-        kv = dict(out.get("kv_transfer_params") or {})
-        kv["prompt_token_ids"] = list(ids)
-        out["kv_transfer_params"] = kv
-    else:
-        out["prompt"] = list(ids)
-    return out
+    return {**body, "prompt": list(ids)}
+
+
+def prompt_ids_agree(compared: list[int] | None, used: list[int] | None) -> bool:
+    """Did the engine run the prompt the prefix check was made on? Unknown counts as yes:
+    there is nothing to hold against the turn (decode's ids were not asked for)."""
+    return compared is None or used is None or compared == used
 
 
 def make_entry(

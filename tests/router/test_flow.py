@@ -73,6 +73,35 @@ async def test_client_asking_for_token_ids_keeps_them(make_stack: StackFactory, 
     assert not any(b"kv_transfer_params" in ln for ln in lines)
 
 
+async def test_chat_reuse_sends_engines_no_prompt_ids(make_stack: StackFactory, http) -> None:
+    """vLLM's chat endpoint always renders the messages; ids in kv_transfer_params would only
+    bloat both hops (~2 x the prompt as JSON ints) and pin nothing."""
+    s = await make_stack()
+    msgs = [user(LONG)]
+    _, _, data = await chat(http, s.url, msgs)
+    msgs += [assistant(data["choices"][0]["message"]["content"]), user("and then?")]
+    _, headers, _ = await chat(http, s.url, msgs)
+    assert headers["X-PDX-Reuse"] == "hit"
+    for engine in (s.prefill, s.decode):
+        body = engine.requests[-1][1]
+        assert "prompt" not in body and "prompt_token_ids" not in body["kv_transfer_params"]
+
+
+async def test_tokenize_disagreeing_with_the_chat_render_drops_the_entry(make_stack: StackFactory, http) -> None:
+    s = await make_stack(prefill_opts={"tokenize_differs": True})
+    msgs = [user(LONG)]
+    outcomes = []
+    for question in ("first", "second", "third"):
+        status, headers, data = await chat(http, s.url, msgs)
+        assert status == 200
+        outcomes.append(headers["X-PDX-Reuse"])
+        msgs += [assistant(data["choices"][0]["message"]["content"]), user(question)]
+    # turn 2 was planned on /tokenize's ids, decode reported others: nothing is kept from it
+    assert outcomes == ["miss", "hit", "miss"]
+    metrics = await (await http.get(s.url + "/metrics")).text()
+    assert "pdx_router_tokenize_mismatch_total 1.0" in metrics
+
+
 async def test_completions_endpoint_reuses_with_token_prompt(make_stack: StackFactory, http) -> None:
     s = await make_stack()
     body = {"model": "Qwen", "prompt": LONG, "conversation_id": "k", "max_tokens": 8}

@@ -15,8 +15,10 @@ from pdx_router.policy import (
     cut_block_ids,
     decode_body,
     make_entry,
+    pin_completion_prompt,
     plan_reuse,
     prefill_body,
+    prompt_ids_agree,
     tokenize_body,
 )
 from pdx_router.tokens import common_prefix_len, infer_block_size
@@ -192,3 +194,17 @@ def test_prefix_helpers() -> None:
     assert common_prefix_len([], a) == 0
     assert cut_block_ids([[1, 2, 3], [4, 5, 6]], 2) == [[1, 2], [4, 5]]
     assert infer_block_size(307, 20) == 16
+
+
+def test_completion_prompt_is_pinned_to_the_compared_ids() -> None:
+    body = {"model": "m", "prompt": "hello there", "max_tokens": 4}
+    pinned = pin_completion_prompt(body, [5, 6, 7])
+    assert pinned["prompt"] == [5, 6, 7] and body["prompt"] == "hello there"
+
+
+def test_prompt_ids_agree_only_when_equal_or_unknown() -> None:
+    assert prompt_ids_agree([1, 2, 3], [1, 2, 3])
+    assert not prompt_ids_agree([1, 2, 3], [1, 3, 2])
+    assert not prompt_ids_agree([1, 2], [1, 2, 3])
+    assert prompt_ids_agree(None, [1, 2])  # no reuse planned: nothing to compare
+    assert prompt_ids_agree([1, 2], None)  # decode's ids not asked for

@@ -95,6 +95,7 @@ class EngineOptions:
     output_tokens: int = 8
     kv_in_stream: bool = True  # vLLM 0.33 puts kv_transfer_params on the final chunk
     fail_reads: bool = False  # answer 500 to any D->P read (kv_load_failure_policy: fail)
+    tokenize_differs: bool = False  # /tokenize renders unlike the chat endpoint
     decode_ttl: float = 480.0
     side_channel_host: str = "127.0.0.1"
     side_channel_port: int = 5600
@@ -120,10 +121,8 @@ class FakeEngine:
     # ------------------------------------------------------------ helpers
 
     def prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
-        kv = body.get("kv_transfer_params") or {}
-        forwarded = kv.get("prompt_token_ids") if chat else None
-        if isinstance(forwarded, list):
-            return [int(x) for x in forwarded]
+        """Like vLLM: chat always renders its messages (no way to pass ids); completions
+        take a prompt of ids as is."""
         if chat:
             return self.cluster.vocab.encode(render_chat(body["messages"], body.get("add_generation_prompt", True)))
         prompt = body["prompt"]
@@ -171,6 +170,8 @@ class FakeEngine:
         body = await req.json(loads=orjson.loads)
         self.requests.append(("/tokenize", body))
         ids = self.prompt_ids(body, "messages" in body)
+        if self.opts.tokenize_differs and len(ids) > 1:
+            ids = [*ids[:-2], ids[-1], ids[-2]]  # as if /tokenize missed a template argument
         return web.json_response({"count": len(ids), "max_model_len": 32768, "tokens": ids})
 
     async def chat(self, req: web.Request) -> web.StreamResponse:
