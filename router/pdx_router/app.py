@@ -236,6 +236,7 @@ class Router:
             if pin and ids is not None:
                 pbody = policy.pin_completion_prompt(pbody, ids)
             turn.compared_ids = ids if reuse else None
+            _log_hop("to prefill", prefill, pbody.get("kv_transfer_params"))
             t0 = time.perf_counter()
             try:
                 answer = await self._call(prefill, turn, pbody)
@@ -258,6 +259,7 @@ class Router:
             dbody = policy.decode_body(turn.body, pkv if isinstance(pkv, dict) else None, want_token_ids=turn.capture)
             if pin and ids is not None:
                 dbody = policy.pin_completion_prompt(dbody, ids)
+            _log_hop("to decode", decode, dbody.get("kv_transfer_params"))
             try:
                 return await self._decode(req, turn, decode, dbody)
             except UpstreamError as exc:
@@ -381,13 +383,14 @@ class Router:
 
     async def _store_entry(self, turn: Turn, decode: Endpoint, cap: Captured) -> None:
         """Keep what decode holds for this conversation's next turn."""
+        _log_hop("from decode", decode, cap.kv)
         if turn.key is None or not turn.capture or cap.choices > 1:
             return
         if not policy.prompt_ids_agree(turn.compared_ids, cap.prompt_ids):
             # /tokenize rendered this chat differently from the completion (a template
             # argument it did not get?): the reuse decision was made on the wrong ids. Keep
             # nothing, so the conversation's next turn cannot build on it.
-            self.metrics.tokenize_mismatch.inc()
+            self.metrics.tokenize_mismatched()
             log.warning("prompt ids from /tokenize differ from those decode used; entry dropped")
             return
         entry = policy.make_entry(
@@ -416,6 +419,12 @@ class _EventStream(web.StreamResponse):
     instead of two. (aiohttp's web.Response sets the same class attribute.)"""
 
     _send_headers_immediately = False
+
+
+def _log_hop(what: str, ep: Endpoint, kv: Any) -> None:
+    """`--log-level debug`: the exact kv_transfer_params of every hop, one line each."""
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("%s %s kv_transfer_params=%s", what, ep.url, orjson.dumps(kv).decode())
 
 
 def _error(status: int, message: str) -> web.Response:

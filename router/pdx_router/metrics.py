@@ -63,6 +63,7 @@ class Metrics:
         for o in STATS_OUTCOMES:
             self.reuse.labels(o.value)
         self._counts = {o.value: 0 for o in STATS_OUTCOMES}
+        self.tokenize_mismatches = 0
         self._reused = 0
         self._gaps: deque[float] = deque(maxlen=10_000)
         self._gap_count = 0
@@ -77,6 +78,10 @@ class Metrics:
             self._reused += tokens
             self.reused_tokens.inc(tokens)
 
+    def tokenize_mismatched(self) -> None:
+        self.tokenize_mismatches += 1
+        self.tokenize_mismatch.inc()
+
     def inter_turn_gap(self, seconds: float) -> None:
         seconds = max(0.0, seconds)
         self.gap.observe(seconds)
@@ -89,6 +94,7 @@ class Metrics:
         return {
             "reuse": dict(self._counts),
             "reusedTokens": self._reused,
+            "tokenizeMismatch": self.tokenize_mismatches,
             "entries": entries,
             "interTurnGapSeconds": {
                 "count": self._gap_count,

@@ -240,6 +240,8 @@ def test_later_turns_pull_kv_from_decode_instead_of_recomputing(on: OnRun) -> No
     assert grow[2].reused_tokens == grow[1].prompt_tokens + len(grow[1].logprobs) - 1
     assert on.transfers > 0, "prefill's NIXL transfer counter did not move"
     assert on.router_stats is not None and on.router_stats["reuse"]["hit"] >= 2
+    # vLLM's /tokenize rendered every reused chat exactly as the chat request did.
+    assert on.router_stats["tokenizeMismatch"] == 0
 
 
 def test_bidirectional_off_never_reuses(off: Run) -> None:

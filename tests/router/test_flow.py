@@ -100,6 +100,8 @@ async def test_tokenize_disagreeing_with_the_chat_render_drops_the_entry(make_st
     assert outcomes == ["miss", "hit", "miss"]
     metrics = await (await http.get(s.url + "/metrics")).text()
     assert "pdx_router_tokenize_mismatch_total 1.0" in metrics
+    stats = await (await http.get(s.url + "/v1/pdx/stats")).json()
+    assert stats["tokenizeMismatch"] == 1
 
 
 async def test_completions_endpoint_reuses_with_token_prompt(make_stack: StackFactory, http) -> None:
@@ -158,3 +160,19 @@ async def test_the_next_turn_sent_the_moment_a_stream_ends_finds_the_entry(make_
         status, headers, _ = await chat(other, s.url, msgs, stream=True)
     assert status == 200
     assert headers["X-PDX-Reuse"] == "hit"
+
+
+async def test_debug_log_shows_each_hops_kv_transfer_params(make_stack: StackFactory, http, caplog) -> None:
+    caplog.set_level("DEBUG", logger="pdx_router")
+    s = await make_stack()
+    msgs = [user(LONG)]
+    _, _, data = await chat(http, s.url, msgs)
+    msgs += [assistant(data["choices"][0]["message"]["content"]), user("and then?")]
+    await chat(http, s.url, msgs)
+    lines = [r.getMessage() for r in caplog.records]
+    hops = [m.split(" kv_transfer_params=") for m in lines if "kv_transfer_params=" in m]
+    assert [h[0].rsplit(" ", 1)[0] for h in hops] == ["to prefill", "to decode", "from decode"] * 2
+    sent = [orjson.loads(h[1]) for h in hops]
+    assert sent[0] == FRESH_PREFILL_KV
+    assert sent[3]["remote_engine_id"] == "decode-0"  # turn 2's prefill reads decode's blocks
+    assert sent[3]["remote_num_tokens"] <= sent[2]["remote_num_tokens"]
