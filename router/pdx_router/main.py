@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import sys
 from dataclasses import replace
 
@@ -30,7 +31,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--redis-url", help="share entries through Redis")
     p.add_argument("--tenant-header", help="header naming the tenant (default: API key hash)")
     p.add_argument("--endpoints-file")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--log-level",
+        default=os.environ.get("PDX_ROUTER_LOG_LEVEL", "INFO"),
+        help="INFO (default, or $PDX_ROUTER_LOG_LEVEL); DEBUG logs each hop's kv_transfer_params",
+    )
     return p.parse_args(argv)
 
 
