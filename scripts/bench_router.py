@@ -223,6 +223,7 @@ async def main_async(args: argparse.Namespace) -> None:
             "pdx-router": via_proxy(f"http://127.0.0.1:{rp}"),
         }
         pids = {"pdx-router": procs[-1].pid}
+        engines_pid = procs[0].pid
         path, why = get_upstream_proxy(args.upstream_proxy)
         if path is not None:
             procs.append(
@@ -268,7 +269,7 @@ async def main_async(args: argparse.Namespace) -> None:
         )
         head = (
             f"{'conc':>4} {'target':<13} {'TTFT p50':>9} {'p99':>8} {'added p50':>10} {'added p99':>10} "
-            f"{'req/s':>7} {'CPU ms/turn':>11}"
+            f"{'req/s':>7} {'CPU ms/turn':>11} {'cores busy':>10}"
         )
         print(head)
         print("-" * len(head))
@@ -277,14 +278,21 @@ async def main_async(args: argparse.Namespace) -> None:
             for name, turn in targets.items():
                 pid = pids.get(name)
                 cpu0 = cpu_seconds(pid) if pid else 0.0
+                # The whole machine's share: load generator + fake engines + the proxy under test.
+                busy0 = cpu_seconds(os.getpid()) + cpu_seconds(engines_pid) + cpu0
+                wall0 = time.perf_counter()
                 ttfts, rps = await run(turn, conc, args.turns, name)
+                cpu1 = cpu_seconds(pid) if pid else 0.0
+                busy = (cpu_seconds(os.getpid()) + cpu_seconds(engines_pid) + cpu1 - busy0) / (
+                    time.perf_counter() - wall0
+                )
                 # Includes the warm-up turns (2 per conversation) the run also sent.
-                cpu = f"{(cpu_seconds(pid) - cpu0) * 1000 / (len(ttfts) + 2 * conc):>11.3f}" if pid else ""
+                cpu = f"{(cpu1 - cpu0) * 1000 / (len(ttfts) + 2 * conc):>11.3f}" if pid else f"{'':>11}"
                 p50, p99 = pct(ttfts, 0.5), pct(ttfts, 0.99)
                 if base is None:
                     base = (p50, p99)
                 added = "" if name == "direct" else f"{p50 - base[0]:>+10.2f} {p99 - base[1]:>+10.2f}"
-                print(f"{conc:>4} {name:<13} {p50:>9.2f} {p99:>8.2f} {added:>21} {rps:>7.1f} {cpu}")
+                print(f"{conc:>4} {name:<13} {p50:>9.2f} {p99:>8.2f} {added:>21} {rps:>7.1f} {cpu} {busy:>10.2f}")
     finally:
         for p in procs:
             p.terminate()
