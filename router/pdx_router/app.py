@@ -20,6 +20,7 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from . import policy
+from .chat_tokens import ChatTokenizer, TextPrefix, Trust
 from .config import RouterConfig
 from .discovery import Discovery, Pool
 from .endpoints import Endpoint
@@ -78,15 +79,25 @@ class Turn:
     reused_tokens: int = 0
     prefill_ms: float = 0.0
     compared_ids: list[int] | None = None  # the prompt ids reuse was planned on (HIT turns)
+    local_ids: bool = False  # ...and they came from the router's own tokenizer
+    text: str | None = None  # the chat prompt as the router's tokenizer renders it
 
 
 class NoEngines(Exception):
     pass
 
 
+# Whole prompts the router's tokenizer must get right before its ids replace /tokenize.
+PROBATION_TURNS = 8
+
+
 class Router:
-    def __init__(self, cfg: RouterConfig, store: Store | None = None) -> None:
+    def __init__(self, cfg: RouterConfig, store: Store | None = None, chat_tokens: ChatTokenizer | None = None) -> None:
         self.cfg = cfg
+        if chat_tokens is None and cfg.tokenizer:
+            chat_tokens = ChatTokenizer.from_dir(cfg.tokenizer)
+        self.chat_tokens = chat_tokens
+        self.trust = Trust(PROBATION_TURNS)
         self.pool = Pool()
         self.upstream = Upstream(cfg.upstream_timeout_seconds)
         self.store = store if store is not None else make_store(cfg)
@@ -127,7 +138,9 @@ class Router:
 
     async def stats(self, _req: web.Request) -> web.Response:
         entries = await self.store.count()
-        return web.Response(body=orjson.dumps(self.metrics.stats(entries)), content_type="application/json")
+        stats = self.metrics.stats(entries)
+        stats["routerTokenizer"] = self.trust.state if self.chat_tokens is not None else "off"
+        return web.Response(body=orjson.dumps(stats), content_type="application/json")
 
     # ------------------------------------------------------------ completions
 
@@ -198,6 +211,12 @@ class Router:
         if reason is not None or entry is None:
             return entry, policy.ReusePlan(reason or Outcome.MISS), None
         ids = None if turn.is_chat else policy.prompt_ids_of_completion(turn.body)
+        if ids is None and turn.is_chat and self.chat_tokens is not None and self.trust.trusted:
+            turn.text = self.chat_tokens.render(turn.body)
+            if turn.text is not None:
+                ids = self.chat_tokens.resume(turn.text, entry.prefix, entry.token_ids)
+                turn.local_ids = ids is not None
+        self.metrics.prompt_ids.labels("local" if turn.local_ids else "engine").inc()
         if ids is None:
             tok = policy.tokenize_body(turn.body, turn.is_chat, turn.body.get("model"))
             if tok is not None:
@@ -387,11 +406,14 @@ class Router:
         if turn.key is None or not turn.capture or cap.choices > 1:
             return
         if not policy.prompt_ids_agree(turn.compared_ids, cap.prompt_ids):
-            # /tokenize rendered this chat differently from the completion (a template
-            # argument it did not get?): the reuse decision was made on the wrong ids. Keep
-            # nothing, so the conversation's next turn cannot build on it.
+            # The reuse decision was made on ids the engine did not use (/tokenize missed a
+            # template argument, or the router's tokenizer rendered differently). Keep nothing,
+            # so the conversation's next turn cannot build on it.
             self.metrics.tokenize_mismatched()
-            log.warning("prompt ids from /tokenize differ from those decode used; entry dropped")
+            source = "the router's tokenizer" if turn.local_ids else "/tokenize"
+            log.warning("prompt ids from %s differ from those decode used; entry dropped", source)
+            if turn.local_ids:
+                self._distrust()
             return
         entry = policy.make_entry(
             cap.kv,
@@ -400,9 +422,33 @@ class Router:
             decode,
             time.time(),
             self.cfg.conversation_ttl_seconds,
+            prefix=self._prefix_for_next_turn(turn, cap.prompt_ids),
         )
         if entry is not None:
             await self._put(turn.key, entry)
+
+    def _prefix_for_next_turn(self, turn: Turn, prompt_ids: list[int] | None) -> TextPrefix | None:
+        """Where the router's tokenizer can resume next turn; on probation, first check it
+        tokenizes this whole prompt exactly as the engine did."""
+        tok = self.chat_tokens
+        if tok is None or self.trust.off or not turn.is_chat or not prompt_ids:
+            return None
+        text = turn.text if turn.text is not None else tok.render(turn.body)
+        if text is None:
+            return None
+        if not self.trust.trusted:
+            if tok.encode(text) != prompt_ids:
+                self._distrust()
+                return None
+            self.trust.record(True)
+            if self.trust.trusted:
+                log.info("the router's tokenizer matched the engine on %d prompts: using it", self.trust.agreed)
+        return tok.prefix_of(text, prompt_ids)
+
+    def _distrust(self) -> None:
+        if not self.trust.off:
+            log.error("the router's tokenizer disagrees with the engine's: /tokenize from now on")
+        self.trust.record(False)
 
     async def _put(self, key: str, entry: Entry) -> None:
         try:
@@ -446,9 +492,11 @@ async def count_requests(request: web.Request, handler: Handler) -> web.StreamRe
     return resp
 
 
-def build_app(cfg: RouterConfig, store: Store | None = None) -> web.Application:
+def build_app(
+    cfg: RouterConfig, store: Store | None = None, chat_tokens: ChatTokenizer | None = None
+) -> web.Application:
     """An aiohttp app; the request-size limit makes aiohttp answer 413 by itself."""
-    router = Router(cfg, store)
+    router = Router(cfg, store, chat_tokens)
     app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[count_requests])
     app[CONFIG] = cfg
     app[ROUTER] = router

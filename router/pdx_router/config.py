@@ -51,6 +51,9 @@ class RouterConfig:
     max_request_bytes: int = 16 * 1024 * 1024
     upstream_timeout_seconds: float = 600.0
     health_check_interval_seconds: float = 5.0
+    # The model directory (tokenizer.json, tokenizer_config.json) the engines serve: reused
+    # chat turns are then tokenized here instead of by a /tokenize call to the engine.
+    tokenizer: str | None = None
 
 
 def normalize_url(value: object, where: str) -> str:
@@ -113,6 +116,7 @@ _KNOWN = {
     "maxRequestBytes",
     "upstreamTimeoutSeconds",
     "healthCheckIntervalSeconds",
+    "tokenizer",
 }
 
 
@@ -186,6 +190,7 @@ def parse_config(raw: Mapping[str, Any]) -> RouterConfig:
             "healthCheckIntervalSeconds",
             float(_get(raw, "healthCheckIntervalSeconds", (int, float), 5)),
         ),
+        tokenizer=_get(raw, "tokenizer", str, None),
     )
     return check_sources(cfg)
 

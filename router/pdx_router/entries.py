@@ -7,6 +7,8 @@ from typing import Any
 
 import orjson
 
+from .chat_tokens import TextPrefix
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -24,6 +26,7 @@ class Entry:
     stored_at: float
     deadline: float
     block_size: int | None = None
+    prefix: TextPrefix | None = None  # where the router's own tokenizer may resume (chat)
 
     @property
     def num_tokens(self) -> int:
@@ -40,6 +43,7 @@ class Entry:
                 "s": self.stored_at,
                 "x": self.deadline,
                 "b": self.block_size,
+                "p": self.prefix.to_json() if self.prefix is not None else None,
             }
         )
 
@@ -54,4 +58,5 @@ class Entry:
             stored_at=raw["s"],
             deadline=raw["x"],
             block_size=raw.get("b"),
+            prefix=TextPrefix.from_json(raw.get("p")),
         )

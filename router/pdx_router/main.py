@@ -14,6 +14,7 @@ from dataclasses import replace
 from aiohttp import web
 
 from .app import build_app
+from .chat_tokens import ChatTokenizer
 from .config import ConfigError, RouterConfig, StoreConfig, load_config, with_overrides
 
 
@@ -31,6 +32,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--redis-url", help="share entries through Redis")
     p.add_argument("--tenant-header", help="header naming the tenant (default: API key hash)")
     p.add_argument("--endpoints-file")
+    p.add_argument("--tokenizer", help="model directory: tokenize reused chat turns here, not via /tokenize")
     p.add_argument(
         "--log-level",
         default=os.environ.get("PDX_ROUTER_LOG_LEVEL", "INFO"),
@@ -59,12 +61,13 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
         kv_recompute_threshold=args.threshold,
         tenant_header=args.tenant_header,
         endpoints_file=args.endpoints_file,
+        tokenizer=args.tokenizer,
     )
 
 
-async def serve(cfg: RouterConfig) -> None:
+async def serve(cfg: RouterConfig, chat_tokens: ChatTokenizer | None = None) -> None:
     """Run until cancelled; handler cancellation makes a client disconnect abort upstream."""
-    runner = web.AppRunner(build_app(cfg), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(build_app(cfg, chat_tokens=chat_tokens), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)
     await site.start()
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = build_config(args)
+        chat_tokens = ChatTokenizer.from_dir(cfg.tokenizer) if cfg.tokenizer else None
     except ConfigError as exc:
         print(f"pdx-router: bad config: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
@@ -94,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:
         pass
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(cfg))
+        asyncio.run(serve(cfg, chat_tokens))
 
 
 if __name__ == "__main__":

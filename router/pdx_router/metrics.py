@@ -59,6 +59,12 @@ class Metrics:
             "Reused turns whose /tokenize ids differ from the ids decode used (entry dropped).",
             registry=r,
         )
+        self.prompt_ids = Counter(
+            "pdx_router_prompt_ids",
+            "Where a reuse candidate's prompt ids came from: the router's tokenizer or /tokenize.",
+            ["source"],
+            registry=r,
+        )
         self.upstream_errors = Counter("pdx_router_upstream_errors", "Engine errors by role.", ["role"], registry=r)
         for o in STATS_OUTCOMES:
             self.reuse.labels(o.value)

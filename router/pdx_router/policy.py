@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from .chat_tokens import TextPrefix
 from .endpoints import Endpoint
 from .entries import Entry
 from .tokens import blocks_for, common_prefix_len, infer_block_size
@@ -224,6 +225,7 @@ def make_entry(
     decode: Endpoint,
     now: float,
     ttl_seconds: float,
+    prefix: TextPrefix | None = None,
 ) -> Entry | None:
     """Build the entry to store after a turn, or None when there is nothing safe to keep."""
     if not decode_kv or prompt_ids is None or output_ids is None:
@@ -244,6 +246,7 @@ def make_entry(
         stored_at=now,
         deadline=now + ttl_seconds,
         block_size=decode.block_size,
+        prefix=prefix,
     )
 
 

@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 
 from pdx_router.app import ROUTER, Router, build_app
+from pdx_router.chat_tokens import ChatTokenizer
 from pdx_router.config import RouterConfig
 from pdx_router.testing.fake_engine import Cluster, EngineOptions, FakeEngine, start_engine
 
@@ -47,8 +48,10 @@ class Stack:
         return self.decodes[0]
 
 
-async def start_router(cfg: RouterConfig, host: str = "127.0.0.1") -> tuple[Router, web.AppRunner, str]:
-    app = build_app(cfg)
+async def start_router(
+    cfg: RouterConfig, host: str = "127.0.0.1", chat_tokens: ChatTokenizer | None = None
+) -> tuple[Router, web.AppRunner, str]:
+    app = build_app(cfg, chat_tokens=chat_tokens)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, 0)
@@ -73,6 +76,7 @@ async def make_stack() -> AsyncIterator[StackFactory]:
         cluster: Cluster | None = None,
         prefill_opts: dict[str, Any] | None = None,
         decode_opts: dict[str, Any] | None = None,
+        chat_tokens: ChatTokenizer | None = None,
         **cfg_changes: Any,
     ) -> Stack:
         cl = cluster or Cluster()
@@ -100,7 +104,7 @@ async def make_stack() -> AsyncIterator[StackFactory]:
         )
         cfg = replace(cfg, **cfg_changes)
         for _ in range(routers):
-            router, runner, url = await start_router(cfg, host)
+            router, runner, url = await start_router(cfg, host, chat_tokens)
             stack.routers.append(router)
             stack.router_urls.append(url)
             stack.runners.append(runner)

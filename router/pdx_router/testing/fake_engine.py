@@ -18,6 +18,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from pdx_router.chat_tokens import ChatTokenizer
+
 EOS = 2
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
@@ -81,6 +83,21 @@ class Cluster:
 
     block_size: int = 16
     vocab: Vocab = field(default_factory=Vocab)
+    # A real model's tokenizer and chat template instead of the word vocabulary (benchmarks:
+    # ids, their count and the cost of tokenizing then look like a real engine's).
+    chat_tokens: ChatTokenizer | None = None
+
+    def encode(self, text: str) -> list[int]:
+        return self.chat_tokens.encode(text) if self.chat_tokens is not None else self.vocab.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.chat_tokens.tokenizer.decode(ids) if self.chat_tokens is not None else self.vocab.decode(ids)
+
+    def chat_ids(self, body: dict[str, Any]) -> list[int]:
+        text = self.chat_tokens.render(body) if self.chat_tokens is not None else None
+        if text is None:
+            text = render_chat(body["messages"], body.get("add_generation_prompt", True))
+        return self.encode(text)
     held: dict[tuple[str, str], Held] = field(default_factory=dict)
     reads: list[Read] = field(default_factory=list)
 
@@ -124,11 +141,11 @@ class FakeEngine:
         """Like vLLM: chat always renders its messages (no way to pass ids); completions
         take a prompt of ids as is."""
         if chat:
-            return self.cluster.vocab.encode(render_chat(body["messages"], body.get("add_generation_prompt", True)))
+            return self.cluster.chat_ids(body)
         prompt = body["prompt"]
         if isinstance(prompt, list):
             return [int(x) for x in prompt]
-        return self.cluster.vocab.encode(str(prompt))
+        return self.cluster.encode(str(prompt))
 
     def _blocks_for(self, n: int) -> list[int]:
         return [next(self._blocks) for _ in range(-(-n // self.cluster.block_size))]
@@ -234,7 +251,7 @@ class FakeEngine:
     ) -> dict[str, Any]:
         """A non-streamed answer as vLLM's model_dump shapes it (None fields included)."""
         ids = bool(body.get("return_token_ids"))
-        text = self.cluster.vocab.decode([t for t in out if t != EOS])
+        text = self.cluster.decode([t for t in out if t != EOS])
         usage = {"prompt_tokens": len(prompt), "completion_tokens": len(out), "total_tokens": len(prompt) + len(out)}
         if chat:
             return {
@@ -281,7 +298,7 @@ class FakeEngine:
     def _generate(self, prompt: list[int]) -> list[int]:
         n = int(self.opts.output_tokens)
         words = [f"w{(sum(prompt[-4:]) + i) % 50}" for i in range(n - 1)]
-        return [*self.cluster.vocab.encode(" ".join(words)), EOS]
+        return [*self.cluster.encode(" ".join(words)), EOS]
 
     def _hold(self, rid: str, prompt: list[int], out: list[int]) -> dict[str, Any]:
         n = len(prompt) + len(out) - 1
@@ -340,7 +357,7 @@ class FakeEngine:
             if i:
                 await asyncio.sleep(self.opts.token_delay)
             last = i == len(out) - 1
-            text = "" if tok == EOS else self.cluster.vocab.decode([tok]) + " "
+            text = "" if tok == EOS else self.cluster.decode([tok]) + " "
             choice: dict[str, Any] = {"index": 0}
             if chat:
                 choice["delta"] = {"content": text}
@@ -381,7 +398,7 @@ async def start_engine(
 
 
 async def _serve_pair(args: Any) -> None:
-    cluster = Cluster()
+    cluster = Cluster(chat_tokens=ChatTokenizer.from_dir(args.tokenizer) if args.tokenizer else None)
     common = {
         "first_token_delay": args.first_token_delay,
         "token_delay": args.token_delay,
@@ -405,6 +422,7 @@ def main() -> None:
     p.add_argument("--first-token-delay", type=float, default=0.005)
     p.add_argument("--token-delay", type=float, default=0.002)
     p.add_argument("--output-tokens", type=int, default=16)
+    p.add_argument("--tokenizer", help="model directory whose tokenizer and chat template to use")
     try:
         import uvloop
 

@@ -1,0 +1,188 @@
+"""The model's own tokenizer in the router: a reused turn's prompt ids without a /tokenize hop.
+
+A conversation's prompt grows at its end. The stored entry already holds decode's ids for
+the previous prompt, so only the new tail needs encoding. The tail starts at a special token
+(`<|im_start|>` in ChatML): tokenizers split added tokens out before anything else, so the
+ids of `head + tail` are the ids of `head` followed by those of `tail`. The head is recognised
+by a digest of its rendered text; if the template re-rendered it differently (a stripped
+reasoning block, an edited message), the digest differs and the engine tokenizes instead.
+
+The router renders the chat template itself, so its ids can only be trusted once they have
+agreed with the engine's: see `Trust`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from .config import ConfigError
+
+# Chat request fields that change the rendering; with any of them the engine tokenizes.
+_RENDER_ARGS = ("tools", "chat_template", "chat_template_kwargs", "continue_final_message", "documents")
+
+
+@dataclass(frozen=True)
+class TextPrefix:
+    """Where the next turn may resume: the first `chars` characters of this prompt's rendered
+    text (digest `digest`) are exactly its first `tokens` ids."""
+
+    chars: int
+    digest: str
+    tokens: int
+
+    def to_json(self) -> list[Any]:
+        return [self.chars, self.digest, self.tokens]
+
+    @classmethod
+    def from_json(cls, raw: Any) -> TextPrefix | None:
+        if isinstance(raw, list) and len(raw) == 3:
+            return cls(int(raw[0]), str(raw[1]), int(raw[2]))
+        return None
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    """Templates' tojson, with the defaults Hugging Face gives it (not jinja's HTML-safe one)."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+class ChatTokenizer:
+    """tokenizer.json + the chat template of tokenizer_config.json, rendered as Hugging Face
+    renders it (the same sandbox, options and variables)."""
+
+    def __init__(self, tokenizer: Tokenizer, template: str, specials: dict[str, str | None]) -> None:
+        self.tokenizer = tokenizer
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        self.template_source = template
+        self.template = env.from_string(template)
+        self.specials = specials
+        # Tail starts: special tokens the template writes, split out exactly as written.
+        added = tokenizer.get_added_tokens_decoder().values()
+        self.boundaries = tuple(
+            t.content
+            for t in added
+            if t.special and not (t.lstrip or t.rstrip or t.normalized) and t.content in template
+        )
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> ChatTokenizer:
+        """Load from a model directory; errors name the file and the fix."""
+        root = Path(path)
+        try:
+            tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
+            config = json.loads((root / "tokenizer_config.json").read_text())
+        except Exception as exc:  # tokenizers raises its own exception type
+            raise ConfigError(
+                f"tokenizer: cannot load {root}/tokenizer.json and tokenizer_config.json ({exc}); "
+                "point it at the model directory the engines serve, or leave it unset"
+            ) from exc
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: the default one renders chats
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        if not isinstance(template, str):
+            raise ConfigError(f"tokenizer: {root}/tokenizer_config.json has no chat_template; leave tokenizer unset")
+        specials = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
+        try:
+            return cls(tokenizer, template, specials)
+        except TemplateError as exc:
+            raise ConfigError(
+                f"tokenizer: the chat template in {root} does not compile here ({exc}); leave tokenizer unset"
+            ) from exc
+
+    def render(self, body: dict[str, Any]) -> str | None:
+        """The prompt text of a chat request, or None when the engine must render it
+        (rendering arguments, non-text content, fields beyond role and content)."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or any(k in body for k in _RENDER_ARGS):
+            return None
+        for m in messages:
+            if not isinstance(m, dict) or set(m) - {"role", "content"} or not isinstance(m.get("content"), str):
+                return None
+        try:
+            return self.template.render(
+                messages=messages,
+                add_generation_prompt=body.get("add_generation_prompt", True),
+                tools=None,
+                documents=None,
+                **self.specials,
+            )
+        except TemplateError:
+            return None
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def prefix_of(self, text: str, ids: list[int]) -> TextPrefix | None:
+        """Cut this prompt at its last special token: the head for the next turn to resume."""
+        cut = max((text.rfind(b) for b in self.boundaries), default=-1)
+        if cut <= 0:
+            return None
+        tail = self.encode(text[cut:])
+        if len(tail) > len(ids) or ids[len(ids) - len(tail) :] != tail:
+            return None
+        return TextPrefix(cut, _digest(text[:cut]), len(ids) - len(tail))
+
+    def resume(self, text: str, prefix: TextPrefix | None, held: list[int]) -> list[int] | None:
+        """This prompt's ids from the held head plus the encoded tail, or None if the head
+        is not this prompt's."""
+        if prefix is None or len(text) < prefix.chars or len(held) < prefix.tokens:
+            return None
+        if _digest(text[: prefix.chars]) != prefix.digest:
+            return None
+        return held[: prefix.tokens] + self.encode(text[prefix.chars :])
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):  # {"content": "<s>", ...} in older tokenizer configs
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class Trust:
+    """Whether the router's own ids may stand in for the engine's.
+
+    On probation it tokenizes whole prompts and compares with the engine's ids; after
+    `needed` agreements in a row it is trusted. One disagreement, ever, turns it off for the
+    life of the process (the engine tokenizes from then on).
+    """
+
+    def __init__(self, needed: int) -> None:
+        self.needed = needed
+        self.agreed = 0
+        self.off = False
+
+    @property
+    def trusted(self) -> bool:
+        return not self.off and self.agreed >= self.needed
+
+    @property
+    def state(self) -> str:
+        return "disabled" if self.off else "trusted" if self.trusted else "probation"
+
+    def record(self, agree: bool) -> None:
+        if not agree:
+            self.off = True
+        elif not self.off:
+            self.agreed += 1
