@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Added TTFT of pdx-router vs talking to the engines directly, and vs vLLM's example proxy.
 
-Fake engines (fixed delays, real protocol payloads) run in one subprocess, each router in its
-own, the load generator here. Conversations are multi-turn and streamed; "direct" does the two
-P/D hops itself, so (router TTFT - direct TTFT) is what the router adds. The upstream example
+Fake engines (fixed delays, real protocol payloads, a real tokenizers word-level tokenizer
+with a ChatML template, built here) run in one subprocess, each router in its own, the load generator here.
+"pdx-router+tok" is pdx-router with its own tokenizer (--tokenizer): reused turns skip the
+/tokenize hop once it has matched the engine on 8 prompts (done in a warm-up pass).
+Conversations are multi-turn and streamed; "direct" does the two P/D hops itself, so
+(router TTFT - direct TTFT) is what the router adds. The upstream example
 proxy is taken from the vLLM sdist on PyPI at run time (never committed) and skipped with a
 reason if it cannot be obtained.
 
@@ -173,9 +176,51 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))] * 1000
 
 
+def router_cmd(port: int, prefill: int, decode: int, *extra: str) -> list[str]:
+    return [
+        PY,
+        "-m",
+        "pdx_router.main",
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--prefill",
+        f"http://127.0.0.1:{prefill}",
+        "--decode",
+        f"http://127.0.0.1:{decode}",
+        "--model",
+        "Qwen",
+        "--log-level",
+        "WARNING",
+        *extra,
+    ]
+
+
+def bench_tokenizer(root: Path) -> str:
+    """A word-level tokenizer for the benchmark's words: fast enough (~0.2 ms per prompt) that
+    the fake engines stay cheap, and a real tokenizer.json that pdx-router loads as it would a model's."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    from pdx.localmodel import CHAT_TEMPLATE
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # <|im_end|> = 2, the fakes' EOS
+    words = [*specials, "[UNK]", "user", "assistant", "system", "answer", "question"]
+    words += [f"word{i}" for i in range(300)] + [f"w{i}" for i in range(50)] + [str(i) for i in range(1000)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    root.mkdir(parents=True, exist_ok=True)
+    tok.save(str(root / "tokenizer.json"))
+    config = {"chat_template": CHAT_TEMPLATE, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    (root / "tokenizer_config.json").write_text(orjson.dumps(config).decode())
+    return str(root)
+
+
 async def main_async(args: argparse.Namespace) -> None:
+    model = bench_tokenizer(Path(tempfile.mkdtemp(prefix="pdx-bench-tok-")))
     procs: list[subprocess.Popen[bytes]] = []
-    pp, dp, rp, up = free_port(), free_port(), free_port(), free_port()
+    pp, dp, rp, tp, up = free_port(), free_port(), free_port(), free_port(), free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
         procs.append(
@@ -190,39 +235,22 @@ async def main_async(args: argparse.Namespace) -> None:
                     str(dp),
                     "--prefill-delay",
                     str(args.prefill_ms / 1000),
+                    "--tokenizer",
+                    model,
                 ],
                 env=env,
                 stdout=subprocess.DEVNULL,
             )
         )
-        procs.append(
-            subprocess.Popen(
-                [
-                    PY,
-                    "-m",
-                    "pdx_router.main",
-                    "--port",
-                    str(rp),
-                    "--host",
-                    "127.0.0.1",
-                    "--prefill",
-                    f"http://127.0.0.1:{pp}",
-                    "--decode",
-                    f"http://127.0.0.1:{dp}",
-                    "--model",
-                    "Qwen",
-                    "--log-level",
-                    "WARNING",
-                ],
-                env=env,
-                stdout=subprocess.DEVNULL,
-            )
-        )
+        procs.append(subprocess.Popen(router_cmd(rp, pp, dp), env=env, stdout=subprocess.DEVNULL))
+        pids = {"pdx-router": procs[-1].pid}
+        procs.append(subprocess.Popen(router_cmd(tp, pp, dp, "--tokenizer", model), env=env, stdout=subprocess.DEVNULL))
+        pids["pdx-router+tok"] = procs[-1].pid
         targets: dict[str, Turn] = {
             "direct": direct(f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}"),
             "pdx-router": via_proxy(f"http://127.0.0.1:{rp}"),
+            "pdx-router+tok": via_proxy(f"http://127.0.0.1:{tp}"),
         }
-        pids = {"pdx-router": procs[-1].pid}
         engines_pid = procs[0].pid
         path, why = get_upstream_proxy(args.upstream_proxy)
         if path is not None:
@@ -255,6 +283,7 @@ async def main_async(args: argparse.Namespace) -> None:
             print(f"(c) vLLM example proxy skipped: {why}")
         await wait_http(f"http://127.0.0.1:{pp}/health")
         await wait_http(f"http://127.0.0.1:{rp}/ready")
+        await wait_http(f"http://127.0.0.1:{tp}/ready")
         if "vllm-example" in targets:
             try:
                 await wait_http(f"http://127.0.0.1:{up}/health")
@@ -267,6 +296,11 @@ async def main_async(args: argparse.Namespace) -> None:
             + (f", mean think time {THINK_MS:g} ms" if THINK_MS else ", no think time (lockstep)")
             + "\n"
         )
+        # Probation: the router's tokenizer must match the engine on 8 whole prompts first.
+        await run(targets["pdx-router+tok"], 8, 1, "probation")
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{tp}/v1/pdx/stats") as r:
+            state = (await r.json())["routerTokenizer"]
+        print(f"pdx-router+tok: its tokenizer is {state} after the warm-up")
         head = (
             f"{'conc':>4} {'target':<13} {'TTFT p50':>9} {'p99':>8} {'added p50':>10} {'added p99':>10} "
             f"{'req/s':>7} {'CPU ms/turn':>11} {'cores busy':>10}"

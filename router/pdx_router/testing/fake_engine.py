@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,9 +87,19 @@ class Cluster:
     # A real model's tokenizer and chat template instead of the word vocabulary (benchmarks:
     # ids, their count and the cost of tokenizing then look like a real engine's).
     chat_tokens: ChatTokenizer | None = None
+    # Prefill, decode and /tokenize see the same prompt: encode it once, so every benchmark
+    # target costs the fakes the same and /tokenize looks free (which favours the hop).
+    _memo: OrderedDict[str, list[int]] = field(default_factory=OrderedDict)
 
     def encode(self, text: str) -> list[int]:
-        return self.chat_tokens.encode(text) if self.chat_tokens is not None else self.vocab.encode(text)
+        if self.chat_tokens is None:
+            return self.vocab.encode(text)
+        ids = self._memo.get(text)
+        if ids is None:
+            ids = self._memo[text] = self.chat_tokens.encode(text)
+            if len(self._memo) > 4096:
+                self._memo.popitem(last=False)
+        return list(ids)
 
     def decode(self, ids: list[int]) -> str:
         return self.chat_tokens.tokenizer.decode(ids) if self.chat_tokens is not None else self.vocab.decode(ids)
