@@ -120,6 +120,18 @@ RULES: tuple[Rule, ...] = (
         message="router.store.url is required when router.store.kind is redis: set redis://HOST:6379/0",
     ),
     Rule(
+        field="router.tokenizer",
+        expression=(
+            "self.router.tokenizer != 'router' || (has(self.modelCache.claimName) && "
+            "self.model.name.startsWith(self.modelCache.mountPath + '/'))"
+        ),
+        message=(
+            "router.tokenizer 'router' reads the tokenizer from the model cache: set "
+            "modelCache.claimName and make model.name a path under modelCache.mountPath "
+            "(e.g. /models/Qwen3-32B), or use 'engine'"
+        ),
+    ),
+    Rule(
         field="router.replicas",
         expression="self.router.replicas <= 1 || self.router.store.kind == 'redis'",
         message=(

@@ -255,6 +255,10 @@ class RouterSpec(_Spec):
     """Header naming the tenant; unset: a hash of the Authorization header."""
     store: RouterStoreSpec = Field(default_factory=RouterStoreSpec)
     """Entry store."""
+    tokenizer: Literal["engine", "router"] = "engine"
+    """Who tokenizes a reused chat turn for the prefix check: `engine` (a /tokenize call to prefill)
+    or `router` (the model's own tokenizer, read from `model.name` on the model cache PVC, mounted
+    read-only; used once it has matched the engine on 8 prompts, and given up on any mismatch)."""
     resources: Resources = Field(default_factory=lambda: Resources(cpu="1", memory="1Gi"))
     """Router resources."""
 

@@ -216,7 +216,7 @@ class Router:
             if turn.text is not None:
                 ids = self.chat_tokens.resume(turn.text, entry.prefix, entry.token_ids)
                 turn.local_ids = ids is not None
-        self.metrics.prompt_ids.labels("local" if turn.local_ids else "engine").inc()
+        self.metrics.prompt_ids_from("local" if turn.local_ids else "engine")
         if ids is None:
             tok = policy.tokenize_body(turn.body, turn.is_chat, turn.body.get("model"))
             if tok is not None:

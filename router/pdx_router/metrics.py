@@ -70,6 +70,7 @@ class Metrics:
             self.reuse.labels(o.value)
         self._counts = {o.value: 0 for o in STATS_OUTCOMES}
         self.tokenize_mismatches = 0
+        self._prompt_ids = {"local": 0, "engine": 0}
         self._reused = 0
         self._gaps: deque[float] = deque(maxlen=10_000)
         self._gap_count = 0
@@ -83,6 +84,11 @@ class Metrics:
         if tokens:
             self._reused += tokens
             self.reused_tokens.inc(tokens)
+
+    def prompt_ids_from(self, source: str) -> None:
+        """A reuse candidate's prompt ids came from `local` (the router's tokenizer) or `engine`."""
+        self._prompt_ids[source] += 1
+        self.prompt_ids.labels(source).inc()
 
     def tokenize_mismatched(self) -> None:
         self.tokenize_mismatches += 1
@@ -101,6 +107,7 @@ class Metrics:
             "reuse": dict(self._counts),
             "reusedTokens": self._reused,
             "tokenizeMismatch": self.tokenize_mismatches,
+            "promptIds": dict(self._prompt_ids),
             "entries": entries,
             "interTurnGapSeconds": {
                 "count": self._gap_count,

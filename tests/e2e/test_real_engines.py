@@ -240,8 +240,11 @@ def test_later_turns_pull_kv_from_decode_instead_of_recomputing(on: OnRun) -> No
     assert grow[2].reused_tokens == grow[1].prompt_tokens + len(grow[1].logprobs) - 1
     assert on.transfers > 0, "prefill's NIXL transfer counter did not move"
     assert on.router_stats is not None and on.router_stats["reuse"]["hit"] >= 2
-    # vLLM's /tokenize rendered every reused chat exactly as the chat request did.
+    # Every reused turn ran on the ids its prefix check used: /tokenize's during the router
+    # tokenizer's probation, the router's own after it (the local CR turns it on).
     assert on.router_stats["tokenizeMismatch"] == 0
+    assert on.router_stats["routerTokenizer"] == "trusted"
+    assert on.router_stats["promptIds"]["local"] > 0 and on.router_stats["promptIds"]["engine"] > 0
 
 
 def test_bidirectional_off_never_reuses(off: Run) -> None:

@@ -87,6 +87,13 @@ def test_volumes_map_under_the_state_and_cache_directories(tmp_path: Path) -> No
     assert all(f.startswith(str(tmp_path)) for f in router_files)
 
 
+def test_the_local_router_reads_the_tokenizer_of_the_model_the_engines_serve(tmp_path: Path) -> None:
+    procs = plan(tmp_path)
+    router, prefill = procs["local-router-0"], procs["local-prefill-0"]
+    config = json.loads(router.files[router.argv[router.argv.index("--config") + 1]])
+    assert config["tokenizer"] == prefill.argv[len(VLLM_SERVE_LOCAL)]  # the served model directory
+
+
 def test_a_state_directory_owned_by_a_running_topology_is_refused(tmp_path: Path) -> None:
     import os
     import subprocess

@@ -165,3 +165,25 @@ def test_router_config_carries_the_generation_the_engines_carry() -> None:
     assert cfg["generation"] == config_hash(t)
     assert cfg["servedModelName"] == "Qwen"
     assert cfg["endpointsFile"] == "/etc/pdx/endpoints/endpoints.json"
+
+
+def test_router_tokenizer_reads_the_model_from_a_read_only_mount_of_the_cache_pvc() -> None:
+    t = target(
+        spec__router__tokenizer="router", spec__modelCache__claimName="models", spec__model__name="/models/Qwen3-32B"
+    )
+    objects = render(t)
+    cfg = json.loads(by_kind(objects, "ConfigMap")["qwen3-32b-router"]["data"]["router.json"])
+    assert cfg["tokenizer"] == "/models/Qwen3-32B"
+    pod = by_kind(objects, "Deployment")["qwen3-32b-router"]["spec"]["template"]["spec"]
+    assert {"name": "model-cache", "mountPath": "/models", "readOnly": True} in pod["containers"][0]["volumeMounts"]
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod["volumes"]
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_by_default_the_engine_tokenizes_and_the_router_mounts_no_cache() -> None:
+    objects = render(target())
+    cfg = json.loads(by_kind(objects, "ConfigMap")["qwen3-32b-router"]["data"]["router.json"])
+    assert "tokenizer" not in cfg
+    pod = by_kind(objects, "Deployment")["qwen3-32b-router"]["spec"]["template"]["spec"]
+    assert all(v["name"] != "model-cache" for v in pod["volumes"])

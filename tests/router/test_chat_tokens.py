@@ -126,6 +126,7 @@ async def test_once_trusted_reused_turns_need_no_tokenize_call(
     tokenize_calls = sum(path == "/tokenize" for path, _ in s.prefill.requests)
     stats = await (await http.get(s.url + "/v1/pdx/stats")).json()
     assert stats["routerTokenizer"] == "trusted" and stats["tokenizeMismatch"] == 0
+    assert stats["promptIds"] == {"local": 4, "engine": 7}
     # Turns 1-8 are probation (whole prompts checked); 2-8 still asked the engine.
     assert tokenize_calls == 7
     assert s.cluster.reads and all(r.correct for r in s.cluster.reads)

@@ -67,6 +67,13 @@ INVALID = [
     ),
     ("redis store without URL", {"router.store": {"kind": "redis"}}, "spec.router.store.url"),
     ("two routers without a shared store", {"router.replicas": 2}, "spec.router.replicas"),
+    ("router tokenizer without a model cache PVC", {"router.tokenizer": "router"}, "spec.router.tokenizer"),
+    (
+        "router tokenizer for a hub id, not a path in the cache",
+        {"router.tokenizer": "router", "modelCache.claimName": "models"},
+        "spec.router.tokenizer",
+    ),
+    ("unknown tokenizer side", {"router.tokenizer": "client"}, "spec.router.tokenizer"),
 ]
 
 
@@ -98,6 +105,10 @@ VALID = [
         {"kvTransfer.bidirectional": False, "kvTransfer.loadFailurePolicy": "recompute"},
     ),
     ("two routers on redis", {"router.replicas": 2, "router.store": {"kind": "redis", "url": "redis://r:6379/0"}}),
+    (
+        "router tokenizer read from the cache PVC",
+        {"router.tokenizer": "router", "modelCache.claimName": "models", "model.name": "/models/Qwen3-32B"},
+    ),
 ]
 
 

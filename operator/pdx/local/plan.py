@@ -151,6 +151,8 @@ def router_process(
     volumes = {v["name"]: v for v in pod_spec["volumes"]}
     files: dict[str, str] = {}
     for mount in container["volumeMounts"]:
+        if "configMap" not in volumes[mount["name"]]:
+            continue  # the model cache: already on this machine
         cm = configmaps[volumes[mount["name"]]["configMap"]["name"]]
         for key, content in cm["data"].items():
             local = map_paths(f"{mount['mountPath']}/{key}", mounts)
@@ -168,6 +170,7 @@ def _local_router_config(content: str, mounts: Mapping[str, str], port: int) -> 
     """The pod network becomes loopback: listen there, no cluster DNS, files under the state dir."""
     config = json.loads(content)
     config.update(host=LOOPBACK, port=port, dns=None)
-    if config.get("endpointsFile"):
-        config["endpointsFile"] = map_paths(config["endpointsFile"], mounts)
+    for key in ("endpointsFile", "tokenizer"):
+        if config.get(key):
+            config[key] = map_paths(config[key], mounts)
     return json.dumps(config, indent=2, sort_keys=True) + "\n"

@@ -38,7 +38,7 @@ def router_config(target: Target, config_hash: str) -> dict[str, Any]:
     if router.store.url:
         store["url"] = router.store.url
     svc = f"{target.namespace}.svc"
-    return {
+    config: dict[str, Any] = {
         "host": "0.0.0.0",
         "port": router.port,
         "servedModelName": spec.model.served_name,
@@ -61,6 +61,9 @@ def router_config(target: Target, config_hash: str) -> dict[str, Any]:
         "upstreamTimeoutSeconds": 600,
         "healthCheckIntervalSeconds": 5,
     }
+    if router.tokenizer == "router":
+        config["tokenizer"] = spec.model.name
+    return config
 
 
 def endpoints_document(endpoints: list[Endpoint]) -> dict[str, Any]:
@@ -137,6 +140,13 @@ def router_deployment(target: Target, config_hash: str) -> dict[str, Any]:
             {"name": "endpoints", "configMap": {"name": meta.endpoints_name(target)}},
         ],
     }
+    cache = target.spec.model_cache
+    if router.tokenizer == "router" and cache.claim_name:
+        # Only the tokenizer files are read; the engines own the cache.
+        container["volumeMounts"].append({"name": "model-cache", "mountPath": cache.mount_path, "readOnly": True})
+        pod["volumes"].append(
+            {"name": "model-cache", "persistentVolumeClaim": {"claimName": cache.claim_name, "readOnly": True}}
+        )
     if router.image.pull_secrets:
         pod["imagePullSecrets"] = [{"name": s} for s in router.image.pull_secrets]
     return {
