@@ -148,3 +148,13 @@ def test_down_leaves_a_process_that_only_reuses_the_owners_pid_alone(tmp_path: P
         assert other.poll() is None
     finally:
         other.kill()
+
+
+def test_local_ports_come_from_below_the_ephemeral_range_and_never_twice() -> None:
+    # An ephemeral port can be taken by any socket before the engine binds it (a UCX listener
+    # once took prefill's HTTP port); one below the range only by an explicit bind.
+    from pdx.local.topology import ephemeral_port_low, free_port
+
+    ports = [free_port() for _ in range(40)]
+    assert len(set(ports)) == 40
+    assert all(1024 <= p < ephemeral_port_low() for p in ports)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -40,16 +41,36 @@ def cache_root() -> Path:
     return Path(os.environ.get("PDX_CACHE", Path.home() / ".cache" / "pdx"))
 
 
+def ephemeral_port_low() -> int:
+    """The lowest port the kernel hands out on its own (bind to 0, outgoing connections)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(preferred: int | None = None) -> int:
-    """`preferred` when it is free, else one the kernel picks."""
-    for candidate in ([preferred] if preferred else []) + [0]:
+    """`preferred` when it is free, else a free port below the kernel's ephemeral range.
+
+    A port from that range can go to any other socket between this check and the engine's
+    own bind: once a NIXL/UCX listener in the decode's engine core took the port chosen for
+    prefill's HTTP server, and half the health checks went to it. Ports below the range are
+    only ever taken by an explicit bind.
+    """
+    low = ephemeral_port_low()
+    pool = [p for p in random.sample(range(max(1024, low - 16384), low), 256) if p not in _HANDED_OUT]
+    for candidate in ([preferred] if preferred else []) + pool:
         with socket.socket() as s:
             try:
                 s.bind((LOOPBACK, candidate))
             except OSError:
                 continue
-            return int(s.getsockname()[1])
-    raise RuntimeError("no free port on loopback")
+        _HANDED_OUT.add(candidate)
+        return candidate
+    raise RuntimeError("no free port on loopback below the ephemeral range")
 
 
 def ensure_model(target: Target, model_cache: Path) -> Path:
