@@ -5,12 +5,13 @@ Decisions come from policy.py; this module only moves bytes, measures and record
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -422,12 +423,12 @@ class Router:
             decode,
             time.time(),
             self.cfg.conversation_ttl_seconds,
-            prefix=self._prefix_for_next_turn(turn, cap.prompt_ids),
         )
         if entry is not None:
-            await self._put(turn.key, entry)
+            prefix = await self._prefix_for_next_turn(turn, cap.prompt_ids)
+            await self._put(turn.key, replace(entry, prefix=prefix) if prefix is not None else entry)
 
-    def _prefix_for_next_turn(self, turn: Turn, prompt_ids: list[int] | None) -> TextPrefix | None:
+    async def _prefix_for_next_turn(self, turn: Turn, prompt_ids: list[int] | None) -> TextPrefix | None:
         """Where the router's tokenizer can resume next turn; on probation, first check it
         tokenizes this whole prompt exactly as the engine did."""
         tok = self.chat_tokens
@@ -437,7 +438,8 @@ class Router:
         if text is None:
             return None
         if not self.trust.trusted:
-            if tok.encode(text) != prompt_ids:
+            # A whole prompt, 8 times per process: off the event loop.
+            if await asyncio.to_thread(tok.encode_in_thread, text) != prompt_ids:
                 self._distrust()
                 return None
             self.trust.record(True)

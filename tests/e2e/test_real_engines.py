@@ -81,7 +81,7 @@ def document(bidirectional: bool) -> dict[str, Any]:
     spec["model"]["name"] = "/models/pdx-tiny-w"  # seeded weights: wrong KV changes logits
     spec["model"].pop("loadFormat", None)
     spec["kvTransfer"]["bidirectional"] = bidirectional
-    spec["router"] = {"conversationTtlSeconds": ROUTER_TTL}
+    spec.setdefault("router", {})["conversationTtlSeconds"] = ROUTER_TTL  # keeps the CR's tokenizer: router
     return doc
 
 

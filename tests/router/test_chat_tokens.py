@@ -49,6 +49,7 @@ def test_resumed_ids_equal_a_whole_encode_on_growing_chats(tok: ChatTokenizer) -
             text = tok.render({"messages": msgs})
             assert text is not None
             whole = tok.encode(text)
+            assert tok.encode_in_thread(text) == whole
             ids = tok.resume(text, prefix, held)
             if ids is not None:
                 assert ids == whole
