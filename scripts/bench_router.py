@@ -310,6 +310,8 @@ async def main_async(args: argparse.Namespace) -> None:
         for conc in args.concurrency:
             base: tuple[float, float] | None = None
             for name, turn in targets.items():
+                if args.only and name not in args.only and name != "direct":
+                    continue
                 pid = pids.get(name)
                 cpu0 = cpu_seconds(pid) if pid else 0.0
                 # The whole machine's share: load generator + fake engines + the proxy under test.
@@ -344,6 +346,7 @@ def main() -> None:
     ap.add_argument("--prefill-ms", type=float, default=20.0)
     ap.add_argument("--upstream-proxy", help="path to disagg_proxy_multiturn.py (skips download)")
     ap.add_argument("--plain", action="store_true", help="send no conversation id")
+    ap.add_argument("--only", nargs="+", help="targets to run besides direct (default: all)")
     ap.add_argument("--think-ms", type=float, default=0.0, help="mean pause between turns (default: none)")
     args = ap.parse_args()
     global PLAIN, THINK_MS
