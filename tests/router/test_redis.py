@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from pdx_router.chat_tokens import TextPrefix
 from pdx_router.config import StoreConfig
 from pdx_router.entries import Entry
 from pdx_router.store import RedisStore
@@ -42,5 +43,18 @@ async def test_redis_store_is_bounded_and_single_use(redis_url: str) -> None:
         got = await store.take("c")
         assert got is not None and got.token_ids == [1]
         assert await store.take("c") is None
+    finally:
+        await store.close()
+
+
+async def test_an_entry_keeps_where_the_routers_tokenizer_resumes_through_redis(redis_url: str) -> None:
+    store = RedisStore(redis_url, "pdx-test-c:", max_entries=10)
+    e = Entry({"remote_num_tokens": 3}, [1, 2, 3], "http://d", "g", 1e10, 1e10 + 5, 16, TextPrefix(40, "ab12", 2))
+    try:
+        await store.put("k", e)
+        assert await store.take("k") == e
+        await store.put("k", replace(e, prefix=None))
+        got = await store.take("k")
+        assert got is not None and got.prefix is None
     finally:
         await store.close()
