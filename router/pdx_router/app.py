@@ -252,14 +252,17 @@ class Router:
             if decode is None:
                 raise NoEngines
             pbody = policy.prefill_body(turn.body, turn.is_chat, plan.kv if reuse else None)
+            ppath = turn.path
             pin = reuse and ids is not None and not turn.is_chat
             if pin and ids is not None:
                 pbody = policy.pin_completion_prompt(pbody, ids)
+            elif reuse and ids is not None and plan.kv is not None:
+                pbody, ppath = policy.prefill_on_ids(turn.body, ids, plan.kv), "/v1/completions"
             turn.compared_ids = ids if reuse else None
             _log_hop("to prefill", prefill, pbody.get("kv_transfer_params"))
             t0 = time.perf_counter()
             try:
-                answer = await self._call(prefill, turn, pbody)
+                answer = await self._call(prefill, ppath, turn, pbody)
             except UpstreamError as exc:
                 self.metrics.upstream_errors.labels("prefill").inc()
                 if attempt == 0 and (reuse or exc.status is None):
@@ -293,10 +296,10 @@ class Router:
                 raise
         raise AssertionError("unreachable")
 
-    async def _call(self, ep: Endpoint, turn: Turn, body: dict[str, Any]) -> dict[str, Any]:
+    async def _call(self, ep: Endpoint, path: str, turn: Turn, body: dict[str, Any]) -> dict[str, Any]:
         ep.outstanding += 1
         try:
-            return await self.upstream.post_json(ep, turn.path, body, turn.headers)
+            return await self.upstream.post_json(ep, path, body, turn.headers)
         finally:
             ep.outstanding -= 1
 

@@ -202,6 +202,20 @@ def decode_body(body: dict[str, Any], prefill_kv: dict[str, Any] | None, want_to
     return out
 
 
+# Chat request fields that still matter to a prefill given token ids (LoRA via model,
+# prefix-cache isolation, scheduling).
+_PREFILL_KEEPS = ("model", "cache_salt", "priority")
+
+
+def prefill_on_ids(body: dict[str, Any], ids: list[int], kv: dict[str, Any]) -> dict[str, Any]:
+    """A reused chat turn's prefill as a completions request on the exact ids the prefix
+    check compared: prefill neither renders nor tokenizes the prompt again, and the KV it
+    reads is for exactly those ids. Its one token is thrown away, so sampling fields go."""
+    out = {k: body[k] for k in _PREFILL_KEEPS if k in body}
+    out.update(prompt=list(ids), max_tokens=1, stream=False, n=1, kv_transfer_params=dict(kv))
+    return out
+
+
 def pin_completion_prompt(body: dict[str, Any], ids: list[int]) -> dict[str, Any]:
     """A completions prompt becomes the exact id list the prefix check compared.
 

@@ -73,18 +73,27 @@ async def test_client_asking_for_token_ids_keeps_them(make_stack: StackFactory, 
     assert not any(b"kv_transfer_params" in ln for ln in lines)
 
 
-async def test_chat_reuse_sends_engines_no_prompt_ids(make_stack: StackFactory, http) -> None:
-    """vLLM's chat endpoint always renders the messages; ids in kv_transfer_params would only
-    bloat both hops (~2 x the prompt as JSON ints) and pin nothing."""
+async def test_a_reused_chat_turn_prefills_the_compared_ids_and_decode_renders_the_chat(
+    make_stack: StackFactory, http
+) -> None:
+    """Prefill gets the ids the prefix check used (no second render and tokenization there);
+    decode gets the chat, and no ids in kv_transfer_params, which vLLM would ignore."""
     s = await make_stack()
     msgs = [user(LONG)]
-    _, _, data = await chat(http, s.url, msgs)
+    _, _, data = await chat(http, s.url, msgs, cache_salt="tenant-a", temperature=0.7)
     msgs += [assistant(data["choices"][0]["message"]["content"]), user("and then?")]
-    _, headers, _ = await chat(http, s.url, msgs)
+    _, headers, _ = await chat(http, s.url, msgs, cache_salt="tenant-a", temperature=0.7)
     assert headers["X-PDX-Reuse"] == "hit"
-    for engine in (s.prefill, s.decode):
-        body = engine.requests[-1][1]
-        assert "prompt" not in body and "prompt_token_ids" not in body["kv_transfer_params"]
+    path, pbody = s.prefill.requests[-1]
+    tokenized = [b for p, b in s.prefill.requests if p == "/tokenize"][-1]
+    assert path == "/v1/completions"
+    assert pbody["prompt"] == s.cluster.chat_ids({"messages": tokenized["messages"]})
+    assert pbody["max_tokens"] == 1 and pbody["cache_salt"] == "tenant-a" and "temperature" not in pbody
+    assert pbody["kv_transfer_params"]["remote_engine_id"] == "decode-0"
+    dpath, dbody = s.decode.requests[-1]
+    assert dpath == "/v1/chat/completions" and dbody["messages"] == msgs
+    assert "prompt" not in dbody and "prompt_token_ids" not in dbody["kv_transfer_params"]
+    assert s.cluster.reads[-1].correct
 
 
 async def test_tokenize_disagreeing_with_the_chat_render_drops_the_entry(make_stack: StackFactory, http) -> None:

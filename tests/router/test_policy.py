@@ -18,6 +18,7 @@ from pdx_router.policy import (
     pin_completion_prompt,
     plan_reuse,
     prefill_body,
+    prefill_on_ids,
     prompt_ids_agree,
     tokenize_body,
 )
@@ -208,3 +209,27 @@ def test_prompt_ids_agree_only_when_equal_or_unknown() -> None:
     assert not prompt_ids_agree([1, 2], [1, 2, 3])
     assert prompt_ids_agree(None, [1, 2])  # no reuse planned: nothing to compare
     assert prompt_ids_agree([1, 2], None)  # decode's ids not asked for
+
+
+def test_prefill_on_ids_keeps_only_what_a_prefill_of_ids_needs() -> None:
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "temperature": 0.3,
+        "stream": True,
+        "max_tokens": 50,
+        "cache_salt": "s",
+        "tools": [{"type": "function"}],
+    }
+    kv = {"remote_num_tokens": 5, "do_remote_decode": True}
+    out = prefill_on_ids(body, [1, 2, 3], kv)
+    assert out == {
+        "model": "m",
+        "cache_salt": "s",
+        "prompt": [1, 2, 3],
+        "max_tokens": 1,
+        "stream": False,
+        "n": 1,
+        "kv_transfer_params": kv,
+    }
+    assert out["kv_transfer_params"] is not kv  # the plan's dict stays the plan's
