@@ -21,6 +21,7 @@ import glob
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -351,6 +352,8 @@ def main() -> None:
     args = ap.parse_args()
     global PLAIN, THINK_MS
     PLAIN, THINK_MS = args.plain, args.think_ms
+    # A killed benchmark still stops its engines and proxies (the finally in main_async).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         import uvloop
 
