@@ -256,7 +256,7 @@ class Router:
             pin = reuse and ids is not None and not turn.is_chat
             if pin and ids is not None:
                 pbody = policy.pin_completion_prompt(pbody, ids)
-            elif reuse and ids is not None and plan.kv is not None:
+            elif reuse and ids is not None and plan.kv is not None and policy.prefills_on_ids(turn.body):
                 pbody, ppath = policy.prefill_on_ids(turn.body, ids, plan.kv), "/v1/completions"
             turn.compared_ids = ids if reuse else None
             _log_hop("to prefill", prefill, pbody.get("kv_transfer_params"))

@@ -27,8 +27,31 @@ from tokenizers import Tokenizer
 
 from .config import ConfigError
 
-# Chat request fields that change the rendering; with any of them the engine tokenizes.
-_RENDER_ARGS = ("tools", "chat_template", "chat_template_kwargs", "continue_final_message", "documents")
+# Chat request fields that change how vLLM renders the prompt (or may: tool_choice decides
+# whether tools are rendered under --exclude-tools-when-tool-choice-none).
+_RENDER_ARGS = (
+    "tools",
+    "tool_choice",
+    "chat_template",
+    "chat_template_kwargs",
+    "continue_final_message",
+    "documents",
+    "reasoning_effort",
+    "mm_processor_kwargs",
+    "add_special_tokens",
+)
+
+
+def renders_plainly(body: dict[str, Any]) -> bool:
+    """A chat of plain text messages with no rendering arguments: every renderer (vLLM's chat
+    endpoint, its /tokenize, this module) turns it into the same prompt."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or any(k in body for k in _RENDER_ARGS):
+        return False
+    return all(
+        isinstance(m, dict) and not set(m) - {"role", "content"} and isinstance(m.get("content"), str)
+        for m in messages
+    )
 
 
 @dataclass(frozen=True)
@@ -114,15 +137,11 @@ class ChatTokenizer:
     def render(self, body: dict[str, Any]) -> str | None:
         """The prompt text of a chat request, or None when the engine must render it
         (rendering arguments, non-text content, fields beyond role and content)."""
-        messages = body.get("messages")
-        if not isinstance(messages, list) or any(k in body for k in _RENDER_ARGS):
+        if not renders_plainly(body):
             return None
-        for m in messages:
-            if not isinstance(m, dict) or set(m) - {"role", "content"} or not isinstance(m.get("content"), str):
-                return None
         try:
             return self.template.render(
-                messages=messages,
+                messages=body["messages"],
                 add_generation_prompt=body.get("add_generation_prompt", True),
                 tools=None,
                 documents=None,

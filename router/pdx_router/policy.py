@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from .chat_tokens import TextPrefix
+from .chat_tokens import TextPrefix, renders_plainly
 from .endpoints import Endpoint
 from .entries import Entry
 from .tokens import blocks_for, common_prefix_len, infer_block_size
@@ -207,6 +207,13 @@ def decode_body(body: dict[str, Any], prefill_kv: dict[str, Any] | None, want_to
 _PREFILL_KEEPS = ("model", "cache_salt", "priority")
 
 
+def prefills_on_ids(body: dict[str, Any]) -> bool:
+    """Only a plainly rendered chat may prefill on ids: decode renders the chat itself, and
+    its prompt must be the ids prefill computed (a chat with tools, say, could render
+    differently under engine flags the router cannot see; that one prefills as chat)."""
+    return renders_plainly(body)
+
+
 def prefill_on_ids(body: dict[str, Any], ids: list[int], kv: dict[str, Any]) -> dict[str, Any]:
     """A reused chat turn's prefill as a completions request on the exact ids the prefix
     check compared: prefill neither renders nor tokenizes the prompt again, and the KV it
@@ -272,6 +279,8 @@ def tokenize_body(body: dict[str, Any], is_chat: bool, model: str | None) -> dic
         if not isinstance(messages, list) or _has_non_text(messages):
             return None
         out: dict[str, Any] = {"messages": messages}
+        # vLLM renders tools even with tool_choice "none" unless the engine runs with
+        # --exclude-tools-when-tool-choice-none; a difference shows in the parity check.
         for key in (
             "add_generation_prompt",
             "continue_final_message",
@@ -279,11 +288,10 @@ def tokenize_body(body: dict[str, Any], is_chat: bool, model: str | None) -> dic
             "chat_template",
             "chat_template_kwargs",
             "mm_processor_kwargs",
+            "tools",
         ):
             if key in body:
                 out[key] = body[key]
-        if body.get("tools") and body.get("tool_choice") != "none":
-            out["tools"] = body["tools"]
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):

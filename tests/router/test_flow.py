@@ -96,6 +96,21 @@ async def test_a_reused_chat_turn_prefills_the_compared_ids_and_decode_renders_t
     assert s.cluster.reads[-1].correct
 
 
+async def test_a_reused_chat_turn_with_tools_prefills_as_chat(make_stack: StackFactory, http) -> None:
+    """Tools may render differently under engine flags the router cannot see: prefill renders
+    the chat itself, as decode will."""
+    s = await make_stack()
+    tools = [{"type": "function", "function": {"name": "search", "parameters": {}}}]
+    msgs = [user(LONG)]
+    _, _, data = await chat(http, s.url, msgs, tools=tools)
+    msgs += [assistant(data["choices"][0]["message"]["content"]), user("and then?")]
+    _, headers, _ = await chat(http, s.url, msgs, tools=tools)
+    assert headers["X-PDX-Reuse"] == "hit"
+    path, pbody = s.prefill.requests[-1]
+    assert path == "/v1/chat/completions" and pbody["tools"] == tools and "prompt" not in pbody
+    assert s.cluster.reads[-1].correct
+
+
 async def test_tokenize_disagreeing_with_the_chat_render_drops_the_entry(make_stack: StackFactory, http) -> None:
     s = await make_stack(prefill_opts={"tokenize_differs": True})
     msgs = [user(LONG)]

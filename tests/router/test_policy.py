@@ -19,6 +19,7 @@ from pdx_router.policy import (
     plan_reuse,
     prefill_body,
     prefill_on_ids,
+    prefills_on_ids,
     prompt_ids_agree,
     tokenize_body,
 )
@@ -233,3 +234,19 @@ def test_prefill_on_ids_keeps_only_what_a_prefill_of_ids_needs() -> None:
         "kv_transfer_params": kv,
     }
     assert out["kv_transfer_params"] is not kv  # the plan's dict stays the plan's
+
+
+def test_tokenize_gets_the_tools_even_with_tool_choice_none_as_vllm_renders_them() -> None:
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": tools, "tool_choice": "none"}
+    tok = tokenize_body(body, True, "m")
+    assert tok is not None and tok["tools"] == tools
+
+
+def test_only_plainly_rendered_chats_prefill_on_ids() -> None:
+    plain = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.2}
+    assert prefills_on_ids(plain)
+    for extra in ({"tools": []}, {"tool_choice": "none"}, {"reasoning_effort": "low"}, {"chat_template_kwargs": {}}):
+        assert not prefills_on_ids({**plain, **extra}), extra
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    assert not prefills_on_ids(parts)
