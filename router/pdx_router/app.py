@@ -217,19 +217,29 @@ class Router:
             if turn.text is not None:
                 ids = self.chat_tokens.resume(turn.text, entry.prefix, entry.token_ids)
                 turn.local_ids = ids is not None
-        self.metrics.prompt_ids_from("local" if turn.local_ids else "engine")
+                if turn.local_ids:
+                    self.metrics.prompt_ids_from("local")
         if ids is None:
-            tok = policy.tokenize_body(turn.body, turn.is_chat, turn.body.get("model"))
-            if tok is not None:
-                try:
-                    answer = await self.upstream.post_json(prefill, "/tokenize", tok, turn.headers)
-                    tokens = answer.get("tokens")
-                    ids = tokens if isinstance(tokens, list) else None
-                except (UpstreamError, ClientFacingError) as exc:
-                    log.warning("tokenize failed, no reuse this turn: %s", exc)
+            ids = await self._tokenize(prefill, turn)
         if ids is None:
             return entry, policy.ReusePlan(Outcome.PREFIX_MISMATCH), None
         return entry, policy.plan_reuse(entry, ids, self.cfg.kv_recompute_threshold), ids
+
+    async def _tokenize(self, prefill: Endpoint, turn: Turn) -> list[int] | None:
+        """The prompt's ids from the engine, rendered with the request's template arguments."""
+        tok = policy.tokenize_body(turn.body, turn.is_chat, turn.body.get("model"))
+        if tok is None:
+            return None
+        try:
+            answer = await self.upstream.post_json(prefill, "/tokenize", tok, turn.headers)
+        except (UpstreamError, ClientFacingError) as exc:
+            log.warning("tokenize failed, no reuse this turn: %s", exc)
+            return None
+        tokens = answer.get("tokens")
+        if not isinstance(tokens, list):
+            return None
+        self.metrics.prompt_ids_from("engine")
+        return tokens
 
     async def _serve(self, req: web.Request, turn: Turn) -> web.StreamResponse:
         gen = self._generation()
@@ -251,13 +261,7 @@ class Router:
             decode = policy.choose_decode(self.pool.endpoints, gen, affinity)
             if decode is None:
                 raise NoEngines
-            pbody = policy.prefill_body(turn.body, turn.is_chat, plan.kv if reuse else None)
-            ppath = turn.path
-            pin = reuse and ids is not None and not turn.is_chat
-            if pin and ids is not None:
-                pbody = policy.pin_completion_prompt(pbody, ids)
-            elif reuse and ids is not None and plan.kv is not None and policy.prefills_on_ids(turn.body):
-                pbody, ppath = policy.prefill_on_ids(turn.body, ids, plan.kv), "/v1/completions"
+            ppath, pbody = policy.prefill_request(turn.body, turn.is_chat, turn.path, plan.kv if reuse else None, ids)
             turn.compared_ids = ids if reuse else None
             _log_hop("to prefill", prefill, pbody.get("kv_transfer_params"))
             t0 = time.perf_counter()
@@ -280,7 +284,7 @@ class Router:
             turn.reused_tokens = plan.tokens if reuse else 0
             pkv = answer.get("kv_transfer_params")
             dbody = policy.decode_body(turn.body, pkv if isinstance(pkv, dict) else None, want_token_ids=turn.capture)
-            if pin and ids is not None:
+            if reuse and ids is not None and not turn.is_chat:
                 dbody = policy.pin_completion_prompt(dbody, ids)
             _log_hop("to decode", decode, dbody.get("kv_transfer_params"))
             try:

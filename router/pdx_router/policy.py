@@ -223,6 +223,18 @@ def prefill_on_ids(body: dict[str, Any], ids: list[int], kv: dict[str, Any]) -> 
     return out
 
 
+def prefill_request(
+    body: dict[str, Any], is_chat: bool, path: str, kv: dict[str, Any] | None, ids: list[int] | None
+) -> tuple[str, dict[str, Any]]:
+    """The prefill hop as (path, body); kv None means no reuse this attempt."""
+    if kv is not None and ids is not None:
+        if not is_chat:
+            return path, pin_completion_prompt(prefill_body(body, False, kv), ids)
+        if prefills_on_ids(body):
+            return "/v1/completions", prefill_on_ids(body, ids, kv)
+    return path, prefill_body(body, is_chat, kv)
+
+
 def pin_completion_prompt(body: dict[str, Any], ids: list[int]) -> dict[str, Any]:
     """A completions prompt becomes the exact id list the prefix check compared.
 

@@ -19,6 +19,7 @@ from pdx_router.policy import (
     plan_reuse,
     prefill_body,
     prefill_on_ids,
+    prefill_request,
     prefills_on_ids,
     prompt_ids_agree,
     tokenize_body,
@@ -250,3 +251,18 @@ def test_only_plainly_rendered_chats_prefill_on_ids() -> None:
         assert not prefills_on_ids({**plain, **extra}), extra
     parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
     assert not prefills_on_ids(parts)
+
+
+def test_prefill_request_picks_the_path_and_pins_ids_only_with_reuse() -> None:
+    chat_body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 9}
+    kv = {"remote_num_tokens": 2, "do_remote_decode": True}
+    path, body = prefill_request(chat_body, True, "/v1/chat/completions", None, [1, 2, 3])
+    assert path == "/v1/chat/completions" and body["kv_transfer_params"] == FRESH_PREFILL_KV
+    path, body = prefill_request(chat_body, True, "/v1/chat/completions", kv, [1, 2, 3])
+    assert path == "/v1/completions" and body["prompt"] == [1, 2, 3] and body["kv_transfer_params"] == kv
+    tools = {**chat_body, "tools": [{"type": "function"}]}
+    path, body = prefill_request(tools, True, "/v1/chat/completions", kv, [1, 2, 3])
+    assert path == "/v1/chat/completions" and "prompt" not in body and body["kv_transfer_params"] == kv
+    completion = {"model": "m", "prompt": "hi there", "max_tokens": 9}
+    path, body = prefill_request(completion, False, "/v1/completions", kv, [1, 2, 3])
+    assert path == "/v1/completions" and body["prompt"] == [1, 2, 3] and body["max_tokens"] == 1
