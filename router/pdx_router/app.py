@@ -93,11 +93,9 @@ PROBATION_TURNS = 8
 
 
 class Router:
-    def __init__(self, cfg: RouterConfig, store: Store | None = None, chat_tokens: ChatTokenizer | None = None) -> None:
+    def __init__(self, cfg: RouterConfig, store: Store | None = None) -> None:
         self.cfg = cfg
-        if chat_tokens is None and cfg.tokenizer:
-            chat_tokens = ChatTokenizer.from_dir(cfg.tokenizer)
-        self.chat_tokens = chat_tokens
+        self.chat_tokens = ChatTokenizer.from_dir(cfg.tokenizer) if cfg.tokenizer else None
         self.trust = Trust(PROBATION_TURNS)
         self.pool = Pool()
         self.upstream = Upstream(cfg.upstream_timeout_seconds)
@@ -501,11 +499,9 @@ async def count_requests(request: web.Request, handler: Handler) -> web.StreamRe
     return resp
 
 
-def build_app(
-    cfg: RouterConfig, store: Store | None = None, chat_tokens: ChatTokenizer | None = None
-) -> web.Application:
+def build_app(cfg: RouterConfig, store: Store | None = None) -> web.Application:
     """An aiohttp app; the request-size limit makes aiohttp answer 413 by itself."""
-    router = Router(cfg, store, chat_tokens)
+    router = Router(cfg, store)
     app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[count_requests])
     app[CONFIG] = cfg
     app[ROUTER] = router

@@ -14,7 +14,6 @@ from dataclasses import replace
 from aiohttp import web
 
 from .app import build_app
-from .chat_tokens import ChatTokenizer
 from .config import ConfigError, RouterConfig, StoreConfig, load_config, with_overrides
 
 
@@ -65,9 +64,9 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
     )
 
 
-async def serve(cfg: RouterConfig, chat_tokens: ChatTokenizer | None = None) -> None:
+async def serve(cfg: RouterConfig) -> None:
     """Run until cancelled; handler cancellation makes a client disconnect abort upstream."""
-    runner = web.AppRunner(build_app(cfg, chat_tokens=chat_tokens), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(build_app(cfg), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)
     await site.start()
@@ -87,7 +86,6 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = build_config(args)
-        chat_tokens = ChatTokenizer.from_dir(cfg.tokenizer) if cfg.tokenizer else None
     except ConfigError as exc:
         print(f"pdx-router: bad config: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
@@ -97,8 +95,12 @@ def main(argv: list[str] | None = None) -> None:
         uvloop.install()
     except ImportError:
         pass
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(cfg, chat_tokens))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve(cfg))
+    except ConfigError as exc:  # a tokenizer directory that does not load
+        print(f"pdx-router: bad config: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
 
 
 if __name__ == "__main__":

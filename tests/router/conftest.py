@@ -15,7 +15,6 @@ import pytest
 from aiohttp import web
 
 from pdx_router.app import ROUTER, Router, build_app
-from pdx_router.chat_tokens import ChatTokenizer
 from pdx_router.config import RouterConfig
 from pdx_router.testing.fake_engine import Cluster, EngineOptions, FakeEngine, start_engine
 
@@ -48,10 +47,8 @@ class Stack:
         return self.decodes[0]
 
 
-async def start_router(
-    cfg: RouterConfig, host: str = "127.0.0.1", chat_tokens: ChatTokenizer | None = None
-) -> tuple[Router, web.AppRunner, str]:
-    app = build_app(cfg, chat_tokens=chat_tokens)
+async def start_router(cfg: RouterConfig, host: str = "127.0.0.1") -> tuple[Router, web.AppRunner, str]:
+    app = build_app(cfg)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, 0)
@@ -76,7 +73,6 @@ async def make_stack() -> AsyncIterator[StackFactory]:
         cluster: Cluster | None = None,
         prefill_opts: dict[str, Any] | None = None,
         decode_opts: dict[str, Any] | None = None,
-        chat_tokens: ChatTokenizer | None = None,
         **cfg_changes: Any,
     ) -> Stack:
         cl = cluster or Cluster()
@@ -104,7 +100,7 @@ async def make_stack() -> AsyncIterator[StackFactory]:
         )
         cfg = replace(cfg, **cfg_changes)
         for _ in range(routers):
-            router, runner, url = await start_router(cfg, host, chat_tokens)
+            router, runner, url = await start_router(cfg, host)
             stack.routers.append(router)
             stack.router_urls.append(url)
             stack.runners.append(runner)

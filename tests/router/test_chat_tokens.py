@@ -119,9 +119,9 @@ async def _converse(s, http, turns: int) -> list[str]:  # type: ignore[no-untype
 
 
 async def test_once_trusted_reused_turns_need_no_tokenize_call(
-    make_stack: StackFactory, http, tok: ChatTokenizer
+    make_stack: StackFactory, http, tok: ChatTokenizer, model_dir: Path
 ) -> None:
-    s = await make_stack(cluster=Cluster(chat_tokens=tok), chat_tokens=tok)
+    s = await make_stack(cluster=Cluster(chat_tokens=tok), tokenizer=str(model_dir))
     outcomes = await _converse(s, http, 12)
     assert outcomes == ["miss"] + ["hit"] * 11
     tokenize_calls = sum(path == "/tokenize" for path, _ in s.prefill.requests)
@@ -136,12 +136,12 @@ async def test_once_trusted_reused_turns_need_no_tokenize_call(
 
 
 async def test_a_tokenizer_that_renders_unlike_the_engine_is_never_used(
-    make_stack: StackFactory, http, tok: ChatTokenizer
+    make_stack: StackFactory, http, tok: ChatTokenizer, model_dir: Path
 ) -> None:
     # The engine's template puts a blank line after each message; the router's does not.
     engine_tok = ChatTokenizer(tok.tokenizer, tok.template_source.replace("'\\n' }}", "'\\n\\n' }}"), tok.specials)
     assert engine_tok.render({"messages": [user("a")]}) != tok.render({"messages": [user("a")]})
-    s = await make_stack(cluster=Cluster(chat_tokens=engine_tok), chat_tokens=tok)
+    s = await make_stack(cluster=Cluster(chat_tokens=engine_tok), tokenizer=str(model_dir))
     outcomes = await _converse(s, http, 4)
     assert outcomes == ["miss", "hit", "hit", "hit"]  # reuse goes on, on the engine's ids
     stats = await (await http.get(s.url + "/v1/pdx/stats")).json()
