@@ -69,7 +69,7 @@ class Metrics:
         for o in STATS_OUTCOMES:
             self.reuse.labels(o.value)
         self._counts = {o.value: 0 for o in STATS_OUTCOMES}
-        self.tokenize_mismatches = 0
+        self._tokenize_mismatches = 0
         self._prompt_ids = {"local": 0, "engine": 0}
         self._reused = 0
         self._gaps: deque[float] = deque(maxlen=10_000)
@@ -91,7 +91,7 @@ class Metrics:
         self.prompt_ids.labels(source).inc()
 
     def tokenize_mismatched(self) -> None:
-        self.tokenize_mismatches += 1
+        self._tokenize_mismatches += 1
         self.tokenize_mismatch.inc()
 
     def inter_turn_gap(self, seconds: float) -> None:
@@ -106,7 +106,7 @@ class Metrics:
         return {
             "reuse": dict(self._counts),
             "reusedTokens": self._reused,
-            "tokenizeMismatch": self.tokenize_mismatches,
+            "tokenizeMismatch": self._tokenize_mismatches,
             "promptIds": dict(self._prompt_ids),
             "entries": entries,
             "interTurnGapSeconds": {

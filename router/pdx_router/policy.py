@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from .chat_tokens import TextPrefix, renders_plainly
+from .chat_tokens import renders_plainly
 from .endpoints import Endpoint
 from .entries import Entry
 from .tokens import blocks_for, common_prefix_len, infer_block_size
@@ -207,13 +207,6 @@ def decode_body(body: dict[str, Any], prefill_kv: dict[str, Any] | None, want_to
 _PREFILL_KEEPS = ("model", "cache_salt", "priority")
 
 
-def prefills_on_ids(body: dict[str, Any]) -> bool:
-    """Only a plainly rendered chat may prefill on ids: decode renders the chat itself, and
-    its prompt must be the ids prefill computed (a chat with tools, say, could render
-    differently under engine flags the router cannot see; that one prefills as chat)."""
-    return renders_plainly(body)
-
-
 def prefill_on_ids(body: dict[str, Any], ids: list[int], kv: dict[str, Any]) -> dict[str, Any]:
     """A reused chat turn's prefill as a completions request on the exact ids the prefix
     check compared: prefill neither renders nor tokenizes the prompt again, and the KV it
@@ -226,11 +219,15 @@ def prefill_on_ids(body: dict[str, Any], ids: list[int], kv: dict[str, Any]) -> 
 def prefill_request(
     body: dict[str, Any], is_chat: bool, path: str, kv: dict[str, Any] | None, ids: list[int] | None
 ) -> tuple[str, dict[str, Any]]:
-    """The prefill hop as (path, body); kv None means no reuse this attempt."""
+    """The prefill hop as (path, body); kv None means no reuse this attempt.
+
+    Only a plainly rendered chat prefills on ids: decode renders the chat itself, and its
+    prompt must be the ids prefill computed (a chat with tools, say, could render differently
+    under engine flags the router cannot see; that one prefills as chat)."""
     if kv is not None and ids is not None:
         if not is_chat:
             return path, pin_completion_prompt(prefill_body(body, False, kv), ids)
-        if prefills_on_ids(body):
+        if renders_plainly(body):
             return "/v1/completions", prefill_on_ids(body, ids, kv)
     return path, prefill_body(body, is_chat, kv)
 
@@ -258,7 +255,6 @@ def make_entry(
     decode: Endpoint,
     now: float,
     ttl_seconds: float,
-    prefix: TextPrefix | None = None,
 ) -> Entry | None:
     """Build the entry to store after a turn, or None when there is nothing safe to keep."""
     if not decode_kv or prompt_ids is None or output_ids is None:
@@ -279,7 +275,6 @@ def make_entry(
         stored_at=now,
         deadline=now + ttl_seconds,
         block_size=decode.block_size,
-        prefix=prefix,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pdx_router.chat_tokens import renders_plainly
 from pdx_router.endpoints import Endpoint
 from pdx_router.entries import Entry
 from pdx_router.policy import (
@@ -20,7 +21,6 @@ from pdx_router.policy import (
     prefill_body,
     prefill_on_ids,
     prefill_request,
-    prefills_on_ids,
     prompt_ids_agree,
     tokenize_body,
 )
@@ -246,11 +246,11 @@ def test_tokenize_gets_the_tools_even_with_tool_choice_none_as_vllm_renders_them
 
 def test_only_plainly_rendered_chats_prefill_on_ids() -> None:
     plain = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.2}
-    assert prefills_on_ids(plain)
+    assert renders_plainly(plain)
     for extra in ({"tools": []}, {"tool_choice": "none"}, {"reasoning_effort": "low"}, {"chat_template_kwargs": {}}):
-        assert not prefills_on_ids({**plain, **extra}), extra
+        assert not renders_plainly({**plain, **extra}), extra
     parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
-    assert not prefills_on_ids(parts)
+    assert not renders_plainly(parts)
 
 
 def test_prefill_request_picks_the_path_and_pins_ids_only_with_reuse() -> None:

@@ -90,6 +90,8 @@ class Cluster:
     # Prefill, decode and /tokenize see the same prompt: encode it once, so every benchmark
     # target costs the fakes the same and /tokenize looks free (which favours the hop).
     _memo: OrderedDict[str, list[int]] = field(default_factory=OrderedDict)
+    held: dict[tuple[str, str], Held] = field(default_factory=dict)
+    reads: list[Read] = field(default_factory=list)
 
     def encode(self, text: str) -> list[int]:
         if self.chat_tokens is None:
@@ -109,8 +111,6 @@ class Cluster:
         if text is None:
             text = render_chat(body["messages"], body.get("add_generation_prompt", True))
         return self.encode(text)
-    held: dict[tuple[str, str], Held] = field(default_factory=dict)
-    reads: list[Read] = field(default_factory=list)
 
 
 @dataclass
