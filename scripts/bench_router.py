@@ -22,7 +22,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,17 +33,13 @@ from typing import Any
 import aiohttp
 import orjson
 
+from pdx.local.topology import free_port  # ports no other socket can take first
+
 PY = sys.executable
 CACHE = Path(tempfile.gettempdir()) / "pdx-bench-upstream" / "disagg_proxy_multiturn.py"
 PLAIN = False  # --plain: no conversation id, so no store and no tokenize hop
 THINK_MS = 0.0  # --think-ms: mean pause between a turn's end and the next (agent tool time)
 FILLER = " ".join(f"word{i}" for i in range(300))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get_upstream_proxy(explicit: str | None) -> tuple[Path | None, str]:
@@ -219,7 +214,8 @@ def bench_tokenizer(root: Path) -> str:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    model = bench_tokenizer(Path(tempfile.mkdtemp(prefix="pdx-bench-tok-")))
+    tok_dir = Path(tempfile.mkdtemp(prefix="pdx-bench-tok-"))
+    model = bench_tokenizer(tok_dir)
     procs: list[subprocess.Popen[bytes]] = []
     pp, dp, rp, tp, up = free_port(), free_port(), free_port(), free_port(), free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -338,6 +334,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
+        shutil.rmtree(tok_dir, ignore_errors=True)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from pdx.local.topology import free_port
 from pdx_router.app import ROUTER, Router, build_app
 from pdx_router.config import RouterConfig
 from pdx_router.testing.fake_engine import Cluster, EngineOptions, FakeEngine, start_engine
@@ -118,19 +119,13 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """A throwaway redis-server on loopback (CI installs redis-server)."""
     exe = shutil.which("redis-server")
     if exe is None:
         pytest.skip("redis-server is not on PATH (apt-get install redis-server)")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,
