@@ -1,0 +1,75 @@
+"""The real API server accepts pdx's CRDs and every example, and defaults specs as the models do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pdx.resource import parse_spec
+from pdx.spec import PLURAL
+from tests.apiserver.client import CRD_FILES, Api, cr_path, established, load_yaml
+from tests.apiserver.server import ROOT
+from tests.spec.test_validation import VALID, with_
+
+pytestmark = pytest.mark.apiserver
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def model_defaults(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec as pdx's models complete it: what the operator renders from."""
+    return parse_spec(spec).model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def test_the_kubectl_reader_refuses_a_duplicate_key() -> None:
+    with pytest.raises(yaml.constructor.ConstructorError, match="duplicate key 'bidirectional'"):
+        load_yaml("spec:\n  kvTransfer:\n    bidirectional: true\n    bidirectional: false\n")
+
+
+@pytest.mark.parametrize("path", CRD_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_crd_file_is_accepted_and_established(api: Api, path: Path) -> None:
+    for doc in load_yaml(path.read_text()):
+        crd = established(api, doc["metadata"]["name"])  # the session fixture applied it
+        # the server stores what the file says: nothing of it was pruned or refused
+        for want, have in zip(doc["spec"]["versions"], crd["spec"]["versions"], strict=True):
+            assert have["schema"] == want["schema"], (path, want["name"])
+            assert have.get("additionalPrinterColumns", []) == want.get("additionalPrinterColumns", [])
+            assert have.get("subresources") == want.get("subresources")
+        conds = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
+        assert conds.get("NonStructuralSchema") is None, conds  # a structural schema
+        assert conds["NamesAccepted"] == "True"
+
+
+def test_the_dinf_api_is_served_with_its_short_name(api: Api) -> None:
+    resources = api.get("/apis/inference.pdx.dev/v1alpha1")["resources"]
+    main = next(r for r in resources if r["name"] == PLURAL)
+    assert main["shortNames"] == ["dinf"] and main["namespaced"] is True
+    assert f"{PLURAL}/status" in [r["name"] for r in resources]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_is_applied_strictly_and_stored_as_the_models_default_it(
+    api: Api, path: Path, namespace: str
+) -> None:
+    (doc,) = load_yaml(path.read_text())  # one document, no duplicate key
+    doc["metadata"]["namespace"] = namespace
+    code, stored = api.apply(doc)
+    assert code == 201, stored
+    assert stored["spec"] == model_defaults(doc["spec"])
+    again = api.get(cr_path(namespace, doc["metadata"]["name"]))
+    assert again["spec"] == stored["spec"] and again["metadata"]["generation"] == 1
+
+
+@pytest.mark.parametrize(("why", "patch"), VALID, ids=[c[0] for c in VALID])
+def test_every_valid_spec_of_the_spec_tests_is_accepted_and_defaulted_alike(
+    api: Api, why: str, patch: dict[str, Any], namespace: str
+) -> None:
+    spec = with_(patch)
+    doc = {"apiVersion": "inference.pdx.dev/v1alpha1", "kind": "DisaggregatedInference",
+           "metadata": {"name": "valid", "namespace": namespace}, "spec": spec}  # fmt: skip
+    code, stored = api.apply(doc)
+    assert code == 201, (why, stored)
+    assert stored["spec"] == model_defaults(spec), why
