@@ -40,7 +40,8 @@ class Target:
 
 
 def _field(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(p) for p in ("spec", *loc))
+    """The field path as the API server writes it: `spec.kvTransfer.backends[0]`."""
+    return "spec" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
 
 
 def _problems(err: ValidationError) -> list[str]:
@@ -53,6 +54,8 @@ def _problems(err: ValidationError) -> list[str]:
             out.append(
                 f"{_field(e['loc'])}: unknown field; remove it or fix its spelling (see `kubectl explain dinf.spec`)"
             )
+        elif e["type"] == "missing":  # its input is the enclosing object, not worth echoing
+            out.append(f"{_field(e['loc'])}: {msg}")
         else:
             out.append(f"{_field(e['loc'])}: {msg} (got {e.get('input')!r})")
     return out

@@ -57,7 +57,7 @@ def unknown_fields(value: Any, schema: dict[str, Any], path: str) -> list[str]:
                 out += unknown_fields(sub, schema["properties"][name], f"{path}.{name}")
     elif isinstance(value, list) and "items" in schema:
         for i, v in enumerate(value):
-            out += unknown_fields(v, schema["items"], f"{path}.{i}")
+            out += unknown_fields(v, schema["items"], f"{path}[{i}]")
     return out
 
 
@@ -68,10 +68,10 @@ def api_server_errors(spec: dict[str, Any]) -> list[str]:
     validator = jsonschema.Draft7Validator(schema)
     errors = unknown_fields(spec, schema, "spec")
     for e in validator.iter_errors(defaulted):
-        path = ["spec", *(str(p) for p in e.absolute_path)]
+        path = "spec" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.absolute_path)
         if e.validator == "required":
-            path.append(e.message.split("'")[1])
-        errors.append(".".join(path))
+            path += "." + e.message.split("'")[1]
+        errors.append(path)
     if errors:
         return errors  # the API server stops before CEL when the schema fails
     activation = {"self": json_to_cel(defaulted)}

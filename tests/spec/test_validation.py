@@ -31,7 +31,7 @@ def with_(patch: dict[str, Any]) -> dict[str, Any]:
 INVALID = [
     ("TTL below 1", {"kvTransfer.decoderKvBlocksTtlSeconds": 0}, "spec.kvTransfer.decoderKvBlocksTtlSeconds"),
     ("negative threshold", {"kvTransfer.kvRecomputeThreshold": -1}, "spec.kvTransfer.kvRecomputeThreshold"),
-    ("unknown backend", {"kvTransfer.backends": ["TCP"]}, "spec.kvTransfer.backends.0"),
+    ("unknown backend", {"kvTransfer.backends": ["TCP"]}, "spec.kvTransfer.backends[0]"),
     ("typo in a field name", {"kvTransfer.decoderTtl": 100}, "spec.kvTransfer.decoderTtl"),
     ("missing model", {"model": None}, "spec.model"),
     (
