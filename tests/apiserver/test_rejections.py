@@ -1,0 +1,206 @@
+"""Every malformed resource of pdx's tests: `pdx render` and the real API server refuse it alike.
+
+The table below is the comparison. Where `note` is empty the two say the very same thing: the
+same field path and, for the CEL rules, the same message (the server prefixes "Invalid value: ").
+A note says why a difference stays. The table must have a row for every invalid case of
+tests/spec/test_validation.py, so a new case there fails here until its row is written.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import yaml
+
+from pdx import cli
+from pdx.spec import API_VERSION, KIND
+from tests.apiserver.client import STRICT, Api, cr_path
+from tests.spec.test_validation import INVALID, _clean, with_
+
+pytestmark = pytest.mark.apiserver
+
+WORDING = (
+    "the OpenAPI validator and pydantic word the same constraint (the CRD's minimum/enum is generated "
+    "from the model's Field(ge=...)/Literal) differently; both name the field and the bound"
+)
+UNKNOWN = (
+    "the server reports a field not in the schema without advice; pdx adds the fix. Server-side apply "
+    "answers 500 'field not declared in schema' for it, create answers 400 as in this row"
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    pdx: str  # the line `pdx render` prints for it
+    server: tuple[str, str]  # the 422 cause (field, message); for 400 ("", message)
+    note: str = ""  # empty: the same field and message
+
+
+def _cel(field: str, message: str) -> Row:
+    return Row(f"spec.{field}: {message}", (f"spec.{field}", f"Invalid value: {message}"))
+
+
+_TP = "exceeds the GPUs of one node of placement.instanceType: lower it, or pick an instance type (or placement.gpusPerNode) with enough GPUs"  # noqa: E501
+_TOKENIZER = (
+    "router.tokenizer 'router' reads the tokenizer from the model cache: set modelCache.claimName and make "
+    "model.name a path under modelCache.mountPath (e.g. /models/Qwen3-32B), or use 'engine'"
+)
+# case -> the comparison. Cases are those of tests/spec/test_validation.py, plus the two below.
+TABLE: dict[str, Row] = {
+    "TTL below 1": Row(
+        "spec.kvTransfer.decoderKvBlocksTtlSeconds: Input should be greater than or equal to 1 (got 0)",
+        ("spec.kvTransfer.decoderKvBlocksTtlSeconds",
+         "Invalid value: 0: spec.kvTransfer.decoderKvBlocksTtlSeconds in body should be greater than or equal to 1"),
+        WORDING,
+    ),
+    "negative threshold": Row(
+        "spec.kvTransfer.kvRecomputeThreshold: Input should be greater than or equal to 0 (got -1)",
+        ("spec.kvTransfer.kvRecomputeThreshold",
+         "Invalid value: -1: spec.kvTransfer.kvRecomputeThreshold in body should be greater than or equal to 0"),
+        WORDING,
+    ),
+    "unknown backend": Row(
+        "spec.kvTransfer.backends[0]: Input should be 'LIBFABRIC' or 'UCX' (got 'TCP')",
+        ("spec.kvTransfer.backends[0]", 'Unsupported value: "TCP": supported values: "LIBFABRIC", "UCX"'),
+        WORDING,
+    ),
+    "typo in a field name": Row(
+        "spec.kvTransfer.decoderTtl: unknown field; remove it or fix its spelling (see `kubectl explain dinf.spec`)",
+        ("", 'DisaggregatedInference in version "v1alpha1" cannot be handled as a DisaggregatedInference: '
+             'strict decoding error: unknown field "spec.kvTransfer.decoderTtl"'),
+        UNKNOWN,
+    ),
+    "missing model": Row("spec.model: Field required", ("spec.model", "Required value"), WORDING),
+    "router TTL not below decoder TTL minus the decline window": _cel(
+        "router.conversationTtlSeconds",
+        "router.conversationTtlSeconds must be at most kvTransfer.decoderKvBlocksTtlSeconds - 5 "
+        "(prefill declines reads in decode's last 5 s): lower it, or raise the decoder TTL",
+    ),
+    "prefill TP beyond the node's GPUs": _cel("prefill.tensorParallelSize", f"prefill.tensorParallelSize {_TP}"),
+    "decode TP beyond an override of GPUs per node": _cel(
+        "decode.tensorParallelSize", f"decode.tensorParallelSize {_TP}"
+    ),
+    "TP sizes that do not divide one another": _cel(
+        "decode.tensorParallelSize",
+        "prefill.tensorParallelSize and decode.tensorParallelSize must divide one another "
+        "(NixlConnector maps KV heads between ranks by their ratio): e.g. 8 and 4, not 8 and 3",
+    ),
+    "recompute policy with bidirectional on": _cel(
+        "kvTransfer.loadFailurePolicy",
+        "kvTransfer.loadFailurePolicy 'recompute' hangs expired D->P reads in vLLM 0.32/0.33: "
+        "use 'fail' (the router retries the turn without reuse) or turn bidirectional off",
+    ),
+    "unknown instance type without GPU counts": _cel(
+        "placement.instanceType",
+        "placement.instanceType has no profile (known: cpu, p4d.24xlarge, p5.48xlarge, p5e.48xlarge, "
+        "p5en.48xlarge): use one of those, or set placement.gpusPerNode and placement.efaDevicesPerNode",
+    ),
+    "LIBFABRIC without EFA": _cel(
+        "kvTransfer.backends",
+        "kvTransfer.backends LIBFABRIC needs EFA devices on the node: use UCX, or an instance type "
+        "(or placement.efaDevicesPerNode) with EFA",
+    ),
+    "redis store without URL": _cel(
+        "router.store.url", "router.store.url is required when router.store.kind is redis: set redis://HOST:6379/0"
+    ),
+    "two routers without a shared store": _cel(
+        "router.replicas",
+        "router.replicas above 1 needs router.store.kind redis (replicas must share conversation entries): "
+        "set the store, or use one replica",
+    ),
+    "router tokenizer without a model cache PVC": _cel("router.tokenizer", _TOKENIZER),
+    "router tokenizer for a hub id, not a path in the cache": _cel("router.tokenizer", _TOKENIZER),
+    "unknown tokenizer side": Row(
+        "spec.router.tokenizer: Input should be 'engine' or 'router' (got 'client')",
+        ("spec.router.tokenizer", 'Unsupported value: "client": supported values: "engine", "router"'),
+        WORDING,
+    ),
+    # tests/render/test_cli_and_golden.py
+    "threshold -5 (pdx render's own test)": Row(
+        "spec.kvTransfer.kvRecomputeThreshold: Input should be greater than or equal to 0 (got -5)",
+        ("spec.kvTransfer.kvRecomputeThreshold",
+         "Invalid value: -5: spec.kvTransfer.kvRecomputeThreshold in body should be greater than or equal to 0"),
+        WORDING,
+    ),
+    # tests/operator/test_reconcile.py
+    "negative prefill replicas (the operator's invalid edit)": Row(
+        "spec.prefill.replicas: Input should be greater than or equal to 0 (got -1)",
+        ("spec.prefill.replicas",
+         "Invalid value: -1: spec.prefill.replicas in body should be greater than or equal to 0"),
+        WORDING,
+    ),
+}
+SPECS: dict[str, dict[str, Any]] = {why: _clean(with_(cast(dict[str, Any], patch))) for why, patch, _ in INVALID}
+SPECS["threshold -5 (pdx render's own test)"] = _clean(with_({"kvTransfer.kvRecomputeThreshold": -5}))
+SPECS["negative prefill replicas (the operator's invalid edit)"] = _clean(with_({"prefill.replicas": -1}))
+# The server adds this cause when schema errors kept it from evaluating the CEL rules.
+CEL_SKIPPED = (
+    "<nil>",
+    "Invalid value: null: some validation rules were not checked because the object was invalid; "
+    "correct the existing errors to complete validation",
+)
+
+
+def document(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def pdx_render_lines(doc: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """What `pdx render -f FILE` prints for it (exit 2, nothing on stdout)."""
+    path = tmp_path / "cr.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["render", "-f", str(path)])
+    out, err = capsys.readouterr()
+    assert exited.value.code == cli.EXIT_INVALID and out == ""
+    lines = err.splitlines()
+    assert lines[0] == "pdx: invalid DisaggregatedInference:"
+    return [line.strip() for line in lines[1:]]
+
+
+def server_causes(code: int, body: Any) -> list[tuple[str, str]]:
+    assert isinstance(body, dict) and body.get("kind") == "Status", body
+    if code == 400:
+        return [("", body["message"])]
+    assert code == 422, body
+    causes = [(c.get("field", ""), c["message"]) for c in body["details"]["causes"]]
+    return [c for c in causes if c != CEL_SKIPPED]
+
+
+def test_the_table_covers_every_invalid_case_of_the_spec_tests() -> None:
+    assert set(TABLE) == set(SPECS)
+
+
+def test_rows_without_a_note_really_say_the_same() -> None:
+    for case, row in TABLE.items():
+        field, message = row.server
+        same = row.pdx == f"{field}: {message.removeprefix('Invalid value: ')}"
+        assert same == (not row.note), case
+
+
+@pytest.mark.parametrize("case", list(TABLE))
+def test_pdx_render_and_the_api_server_refuse_it_naming_the_same_field(
+    api: Api, case: str, namespace: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    row = TABLE[case]
+    doc = document("bad", namespace, copy.deepcopy(SPECS[case]))
+    assert pdx_render_lines(doc, tmp_path, capsys) == [row.pdx]
+    # `kubectl create` / client-side `kubectl apply` of a new object: POST, strict field validation
+    code, body = api.request("POST", cr_path(namespace), doc, params=STRICT)
+    assert server_causes(code, body) == [row.server]
+    if row.server[0]:  # the path pdx names is the server's path
+        assert row.pdx.startswith(row.server[0] + ": ")
+    else:
+        assert row.pdx.split(":")[0] in row.server[1]
+    # `kubectl apply --server-side`: the same verdict (an unknown field aside, see UNKNOWN)
+    code, body = api.apply(doc)
+    if row.note == UNKNOWN:
+        assert code == 500 and body["message"].endswith(".spec.kvTransfer.decoderTtl: field not declared in schema")
+    else:
+        assert server_causes(code, body) == [row.server]
+    assert api.request("GET", cr_path(namespace, "bad"))[0] == 404  # nothing was stored
