@@ -13,7 +13,9 @@ import re
 from collections.abc import Iterator
 
 import pytest
+from kubernetes import client as k8s_client
 
+from pdx.controller.kube import Kube
 from tests.apiserver.client import CRD_FILES, Api, established, load_yaml
 from tests.apiserver.server import BuildError, CrdApiServer, build
 
@@ -48,3 +50,12 @@ def namespace(request: pytest.FixtureRequest) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     return f"{slug}-{hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:8]}"
 
+
+
+@pytest.fixture(scope="session")
+def kube(api: Api) -> Kube:
+    """The operator's own API layer, logged in with the client certificate."""
+    config = k8s_client.Configuration(host=api.server.url)
+    config.ssl_ca_cert = str(api.server.ca)
+    config.cert_file, config.key_file = api.server.client_cert
+    return Kube(k8s_client.ApiClient(config))

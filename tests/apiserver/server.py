@@ -91,6 +91,10 @@ class CrdApiServer:
     _procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    @property
     def ca(self) -> Path:
         return self.workdir / "ca.crt"
 
