@@ -1,5 +1,5 @@
 # pdx tasks. A fresh machine needs only the first two.
-.PHONY: demo test e2e setup lint crd golden chart bench-router bench-operator local
+.PHONY: demo test e2e setup lint crd golden chart bench-router bench-operator local images
 
 demo: setup            ## local topology (vLLM CPU + NIXL + router), TTFT off vs on, plots in out/
 	.venv/bin/pdx bench --local --out out/demo
@@ -12,6 +12,9 @@ setup:                 ## .venv with pdx, vLLM CPU, NIXL and the test tools
 
 e2e:                   ## only the end-to-end tests with real vLLM CPU engines (make test runs them too)
 	.venv/bin/pytest -q -p no:cacheprovider -m engines tests/e2e
+
+images:                ## the operator and router images, with buildah on a base from Debian's packages
+	scripts/build-images.sh
 
 lint:                  ## ruff + mypy --strict
 	.venv/bin/ruff check . && .venv/bin/mypy operator/pdx router/pdx_router benchmark/pdx_bench
