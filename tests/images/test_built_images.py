@@ -1,0 +1,292 @@
+"""The operator and router images, built with buildah and run: what a user's cluster would run.
+
+Each image runs its own ENTRYPOINT (with the rendered args, as the kubelet would, or its own
+CMD), as the image's user, with its config mounted read-only where the rendered objects put it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from pdx.local.topology import free_port
+from pdx.render import Endpoint, config_hash, render
+from pdx.resource import load
+from pdx.spec import PLURAL
+from tests.images.buildah import ROOT, Image, container, run, run_argv
+from tests.operator.conftest import ApiServer, children, cr_document, create_cr, eventually, live
+from tests.operator.test_reconcile import EXPECTED
+from tests.router.helpers import LONG, assistant, stream_text, user
+
+pytestmark = pytest.mark.images
+
+UID = 65532  # the renderer's and the chart's runAsUser
+PACKAGES = {"pdx": ROOT / "operator" / "pdx", "pdx_router": ROOT / "router" / "pdx_router",
+            "pdx_bench": ROOT / "benchmark" / "pdx_bench"}  # fmt: skip
+NAMES = ("operator", "router")
+
+
+@pytest.fixture(params=NAMES)
+def image(request: pytest.FixtureRequest, images: dict[str, Image]) -> Image:
+    return images[request.param]
+
+
+def _inside(image: Image, script: str) -> str:
+    """Run a Python snippet in the image as its user; its stdout."""
+    with container(image) as ctr:
+        proc = run(ctr, ["python", "-c", script])
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_images_run_as_the_non_root_uid_the_renderer_and_chart_declare(image: Image) -> None:
+    chart = yaml.safe_load((ROOT / "charts" / "pdx-operator" / "values.yaml").read_text())
+    rendered = _router_deployment(load(_seed(port=8000)))["spec"]["template"]["spec"]["containers"][0]
+    assert chart["podSecurityContext"]["runAsUser"] == rendered["securityContext"]["runAsUser"] == UID
+    assert image.config()["User"] == f"{UID}:{UID}"
+    assert _inside(image, "import os; print(os.getuid(), os.getgid())").split() == [str(UID), str(UID)]
+
+
+def test_pip_check_is_clean_inside(image: Image) -> None:
+    with container(image) as ctr:
+        proc = run(ctr, ["pip", "check"])
+    assert proc.returncode == 0 and "No broken requirements" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_installed_pdx_is_this_source_tree(image: Image) -> None:
+    """Same version, and every module of the source tree installed (a subpackage once went
+    missing from the wheel)."""
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    script = (
+        "import importlib, importlib.metadata as m, json, pathlib\n"
+        f"names = {sorted(PACKAGES)!r}\n"
+        "mods = {n: sorted(str(p.relative_to(pathlib.Path(importlib.import_module(n).__file__).parent))\n"
+        "                  for p in pathlib.Path(importlib.import_module(n).__file__).parent.rglob('*.py'))\n"
+        "        for n in names}\n"
+        "print(json.dumps({'version': m.version('pdx'), 'modules': mods}))\n"
+    )
+    found = json.loads(_inside(image, script))
+    assert found["version"] == version
+    for name, src in PACKAGES.items():
+        expected = sorted(str(p.relative_to(src)) for p in src.rglob("*.py") if "__pycache__" not in p.parts)
+        assert found["modules"][name] == expected, name
+
+
+def test_final_stage_has_no_compilers_or_build_leftovers(image: Image) -> None:
+    script = (
+        "import glob, json, shutil\n"
+        "tools = [t for t in ('gcc', 'cc', 'c++', 'g++', 'clang', 'make', 'ld') if shutil.which(t)]\n"
+        "left = [p for pattern in ('/src', '/tmp/wheels', '/root/.cache', '/.cache', '/opt/**/*.whl',\n"
+        "        '/opt/pdx/lib/python3*/site-packages/setuptools', '/opt/pdx/lib/python3*/site-packages/wheel')\n"
+        "        for p in glob.glob(pattern, recursive=True)]\n"
+        "print(json.dumps({'tools': tools, 'left': left}))\n"
+    )
+    assert json.loads(_inside(image, script)) == {"tools": [], "left": []}
+
+
+def test_image_size_stays_bounded(image: Image) -> None:
+    """Sizes are reported at the end of the run; this catches a build that swallows a cache."""
+    number, unit = image.size.split()
+    assert unit == "MB" and float(number) < 700, image.size
+
+
+# -- the router image serves a conversation between fake engines --------------------------
+
+
+def _seed(port: int) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "seed-qwen3-32b-1p1d.yaml").read_text())
+    doc["spec"].setdefault("router", {})["port"] = port
+    return doc
+
+
+def _router_deployment(target: Any) -> dict[str, Any]:
+    return next(o for o in render(target) if o["kind"] == "Deployment")
+
+
+def _mounted_configs(objects: list[dict[str, Any]], into: Path) -> dict[Path, str]:
+    """Each ConfigMap the Deployment mounts, written as a ConfigMap volume would hold it
+    (files 0644 in a world-readable folder), mapped to its mount path."""
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    maps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    into.mkdir(mode=0o755)
+    mounts: dict[Path, str] = {}
+    for mount in pod["containers"][0]["volumeMounts"]:
+        source = volumes[mount["name"]].get("configMap")
+        if source is None:
+            continue
+        folder = into / mount["name"]
+        folder.mkdir(mode=0o755)
+        for key, text in maps[source["name"]]["data"].items():
+            (folder / key).write_text(text)
+            (folder / key).chmod(0o644)
+        mounts[folder] = mount["mountPath"]
+    return mounts
+
+
+@pytest.fixture
+def fake_engines() -> Iterator[tuple[int, int]]:
+    prefill, decode = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pdx_router.testing.fake_engine", "--prefill-port", str(prefill),
+         "--decode-port", str(decode), "--output-tokens", "8"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and "ready" in proc.stdout.readline()
+        yield prefill, decode
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _stop(proc: subprocess.Popen[bytes] | asyncio.subprocess.Process) -> None:
+    """End `buildah run` and what it started (its own process group)."""
+    if proc.returncode is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return int(resp.status)
+    except OSError:
+        return 0
+
+
+async def test_router_image_serves_a_streamed_conversation_with_reuse_on_turn_two(
+    images: dict[str, Image], fake_engines: tuple[int, int], tmp_path: Path
+) -> None:
+    prefill, decode = fake_engines
+    port = free_port()
+    target = load(_seed(port))
+    generation = config_hash(target)
+    ready = [
+        Endpoint("prefill", f"{target.name}-prefill-0", "127.0.0.1", generation, port=prefill),
+        Endpoint("decode", f"{target.name}-decode-0", "127.0.0.1", generation, port=decode),
+    ]
+    objects = render(target, ready)
+    mounts = _mounted_configs(objects, tmp_path / "volumes")
+    container_spec = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    image = images["router"]
+    assert container_spec["args"] == image.config()["Cmd"]  # the kubelet runs ENTRYPOINT + args
+    argv = [*image.config()["Entrypoint"], *container_spec["args"]]
+    url = f"http://127.0.0.1:{port}"
+    with container(image) as ctr:
+        proc = subprocess.Popen(run_argv(ctr, argv, mounts=mounts), stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            while _get(url + "/ready") != 200:
+                assert proc.poll() is None, (proc.stderr.read() if proc.stderr else b"").decode()
+                assert time.monotonic() < deadline, "router image never became ready"
+                await asyncio.sleep(0.2)
+            assert _get(url + "/health") == 200
+            await _two_streamed_turns(url, target.spec.model.served_name)
+        finally:
+            _stop(proc)
+            proc.wait(timeout=20)
+
+
+async def _two_streamed_turns(url: str, model: str) -> None:
+    messages = [user(LONG)]
+    reused = []
+    async with aiohttp.ClientSession() as http:
+        for _turn in range(2):
+            body = {"model": model, "messages": messages, "stream": True, "conversation_id": "image-c1"}
+            async with http.post(url + "/v1/chat/completions", json=body) as resp:
+                assert resp.status == 200, await resp.text()
+                lines = [ln for ln in (await resp.read()).split(b"\n") if ln.startswith(b"data: ")]
+                reused.append(int(resp.headers.get("X-PDX-Reused-Tokens", "0")))
+            answer = stream_text(lines)
+            assert answer and lines[-1] == b"data: [DONE]"
+            messages += [assistant(answer), user("and then? " + LONG)]
+        stats = await (await http.get(url + "/v1/pdx/stats")).json()
+    assert reused[0] == 0 and reused[1] >= 64, reused
+    assert stats["reuse"]["hit"] == 1 and stats["reuse"]["miss"] == 1, stats
+
+
+# -- the operator image reconciles a resource against kmock --------------------------------
+
+
+@dataclass
+class Running:
+    proc: asyncio.subprocess.Process
+    log: Path
+
+    def alive(self) -> bool:
+        assert self.proc.returncode is None, (
+            f"operator image exited {self.proc.returncode}: {self.log.read_text()[-3000:]}"
+        )
+        return True
+
+
+@pytest.fixture
+async def operator_image(images: dict[str, Image], api: ApiServer, tmp_path: Path) -> AsyncIterator[Running]:
+    """The operator image's own ENTRYPOINT and CMD, logged in through a mounted kubeconfig."""
+    folder = tmp_path / "kube"
+    folder.mkdir(mode=0o755)
+    (folder / "config").write_text(
+        yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "kmock", "cluster": {"server": str(api.url).rstrip("/")}}],
+            "users": [{"name": "kmock", "user": {"token": "test"}}],
+            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
+            "current-context": "kmock",
+        })
+    )  # fmt: skip
+    (folder / "config").chmod(0o644)
+    image = images["operator"]
+    log = tmp_path / "operator.log"
+    with container(image) as ctr, log.open("wb") as out:
+        argv = run_argv(ctr, image.argv(), mounts={folder: "/etc/kube"}, env={"KUBECONFIG": "/etc/kube/config"})
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=out, stderr=out, start_new_session=True)
+        try:
+            yield Running(proc, log)
+        finally:
+            # buildah run forwards the TERM, then reports the stopped command as "killed" (exit
+            # 1); a crash while running fails the test's own checks.
+            _stop(proc)
+            await asyncio.wait_for(proc.wait(), timeout=30)
+
+
+async def test_operator_image_applies_the_children_and_writes_status(
+    api: ApiServer, operator_image: Running, images: dict[str, Image]
+) -> None:
+    liveness = next(a for a in images["operator"].argv() if a.startswith("--liveness="))
+    port = int(liveness.rsplit(":", 1)[1].split("/")[0])  # --liveness=http://0.0.0.0:PORT/healthz
+    alive = operator_image.alive
+    # Created once kopf watches: kmock replays a listed object as a watch event too, and kopf's
+    # second finalizer patch then loses to its first until the next event (the 30 s resync).
+    await eventually(lambda: alive() and _watching(api, PLURAL), timeout=60, what="the operator's watch")
+    await create_cr(api, cr_document())
+    await eventually(lambda: alive() and set(children(api)) == EXPECTED, timeout=60, what="children")
+    await eventually(lambda: alive() and bool(_status(api).get("conditions")), timeout=30, what="status")
+    assert _status(api)["observedGeneration"] == 1
+    assert {c["type"] for c in _status(api)["conditions"]} >= {"Ready", "Progressing"}
+    assert await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/healthz") == 200
+
+
+def _watching(api: ApiServer, plural: str) -> bool:
+    return any(r.url.path.endswith(f"/{plural}") and r.params.get("watch") == "true" for r in list(api))
+
+
+def _status(api: ApiServer) -> dict[str, Any]:
+    status: dict[str, Any] = (live(api, "DisaggregatedInference", "demo") or {}).get("status") or {}
+    return status
+
