@@ -155,10 +155,12 @@ def crd() -> dict[str, Any]:
                             "type": "object",
                             "description": spec.DisaggregatedInferenceSpec.__doc__ or "",
                             "required": ["spec"],
+                            "x-kubernetes-validations": [rules.NAME_RULE],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
+                                # name declared so NAME_RULE may point at it (its fieldPath)
+                                "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
                                 "spec": spec_schema(),
                                 "status": status,
                             },

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from pydantic import ValidationError
 
+from pdx.rules import DNS_LABEL, MAX_NAME_LENGTH, NAME_PROBLEM
 from pdx.spec import API_VERSION, KIND, DisaggregatedInferenceSpec
-
-# StatefulSet pods carry a controller-revision-hash label built from the set's name (<= 63).
-MAX_NAME_LENGTH = 40
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 class SpecError(ValueError):
@@ -61,9 +59,40 @@ def _problems(err: ValidationError) -> list[str]:
     return out
 
 
+@cache
+def _spec_schema() -> dict[str, Any]:
+    from pdx.crd import spec_schema
+
+    return spec_schema()
+
+
+def decoded(value: Any, schema: dict[str, Any]) -> Any:
+    """`value` as the API server reads it before validating: a null in a field of the schema is
+    dropped (then defaulted), and a whole number where the schema has an integer is one (2.0).
+    Fields the schema does not know, and free-form objects, are left as they are."""
+    if isinstance(value, dict):
+        props: dict[str, Any] = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        if not props and not isinstance(extra, dict):
+            return value
+        out = {}
+        for key, item in value.items():
+            sub = props.get(key, extra if isinstance(extra, dict) else None)
+            if sub is None:
+                out[key] = item  # unknown: the models refuse it by name
+            elif item is not None:
+                out[key] = decoded(item, sub)
+        return out
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [decoded(item, schema["items"]) for item in value]
+    if schema.get("type") == "integer" and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def parse_spec(raw: Any) -> DisaggregatedInferenceSpec:
     try:
-        return DisaggregatedInferenceSpec.model_validate(raw)
+        return DisaggregatedInferenceSpec.model_validate(decoded(raw, _spec_schema()))
     except ValidationError as err:
         raise SpecError(_problems(err)) from None
 
@@ -77,11 +106,8 @@ def load(document: dict[str, Any], default_namespace: str = "default") -> Target
         )
     meta = document.get("metadata") or {}
     name = meta.get("name", "")
-    if not isinstance(name, str) or not _DNS_LABEL.match(name) or len(name) > MAX_NAME_LENGTH:
-        problems.append(
-            f"metadata.name: {name!r} must be a DNS label of at most {MAX_NAME_LENGTH} characters "
-            "(lower-case letters, digits, '-'): rename the resource"
-        )
+    if not isinstance(name, str) or not re.fullmatch(DNS_LABEL, name) or len(name) > MAX_NAME_LENGTH:
+        problems.append(f"metadata.name: '{name}' {NAME_PROBLEM}")  # the CRD's NAME_RULE says the same
     if "spec" not in document:
         problems.append("spec: missing; a DisaggregatedInference needs at least spec.model.name")
     if problems:

@@ -60,6 +60,21 @@ def _tp_fits(role: str) -> Rule:
     )
 
 
+# metadata.name: StatefulSet pods carry a controller-revision-hash label built from the set's
+# name (at most 63 characters), so pdx's names stay short. The API server's own check only asks
+# for a DNS subdomain (253 characters, dots allowed): the CRD adds this rule on the whole object.
+MAX_NAME_LENGTH = 40
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+NAME_PROBLEM = (
+    f"must be a DNS label of at most {MAX_NAME_LENGTH} characters (lower-case letters, digits, '-'): "
+    "rename the resource"
+)
+NAME_RULE = {
+    "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && self.metadata.name.matches('{DNS_LABEL}')",
+    "messageExpression": f"\"'\" + self.metadata.name + \"' {NAME_PROBLEM}\"",
+    "fieldPath": ".metadata.name",
+}
+
 W = PREFILL_DECLINE_WINDOW_SECONDS
 RULES: tuple[Rule, ...] = (
     Rule(

@@ -32,13 +32,20 @@ Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|m|k|M|G
 
 
 class _Spec(BaseModel):
-    """Base: camelCase on the wire, unknown fields rejected (a typo must not pass silently)."""
+    """Base: camelCase on the wire, unknown fields rejected (a typo must not pass silently).
+
+    Strict types, as the API server's schema has them: "2" is no integer and "false" no boolean
+    (lax pydantic took both, the server refuses them). What the server does accept beyond
+    strict JSON types (nulls, 2.0 for an integer) `pdx.resource.decoded` turns into what it
+    stores before these models see it.
+    """
 
     model_config = ConfigDict(
         alias_generator=to_camel,
         populate_by_name=True,
         extra="forbid",
         frozen=True,
+        strict=True,
         use_attribute_docstrings=True,
     )
 

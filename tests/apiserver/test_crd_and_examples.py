@@ -10,7 +10,7 @@ import yaml
 
 from pdx.resource import parse_spec
 from pdx.spec import PLURAL
-from tests.apiserver.client import CRD_FILES, Api, cr_path, established, load_yaml
+from tests.apiserver.client import CRD_FILES, STRICT, Api, cr_path, established, load_yaml
 from tests.apiserver.server import ROOT
 from tests.spec.test_validation import VALID, with_
 
@@ -73,3 +73,31 @@ def test_every_valid_spec_of_the_spec_tests_is_accepted_and_defaulted_alike(
     code, stored = api.apply(doc)
     assert code == 201, (why, stored)
     assert stored["spec"] == model_defaults(spec), why
+
+
+# What the server takes beyond strict JSON types, found by trying: pdx takes it alike. The last
+# flag: server-side apply refuses it even so (a null map value: "must be of type string"), while
+# create and update (kubectl create, edit, client-side apply) drop it.
+LENIENT = [
+    ("a null field is dropped, then defaulted", {"model": {"name": "m"}, "prefill": {"replicas": None}}, False),
+    ("a null section is dropped, then defaulted", {"model": {"name": "m"}, "kvTransfer": None}, False),
+    ("a whole number written 2.0 is an integer", {"model": {"name": "m"}, "prefill": {"replicas": 2.0}}, False),
+    ("a null value in a map is dropped", {"model": {"name": "m"}, "decode": {"env": {"A": None, "B": "1"}}}, True),
+]
+
+
+@pytest.mark.parametrize(("why", "spec", "ssa_refuses"), LENIENT, ids=[c[0] for c in LENIENT])
+def test_what_the_server_takes_beyond_strict_types_pdx_takes_alike(
+    api: Api, why: str, spec: dict[str, Any], ssa_refuses: bool, namespace: str
+) -> None:
+    doc: dict[str, Any] = {"apiVersion": "inference.pdx.dev/v1alpha1", "kind": "DisaggregatedInference",
+                           "metadata": {"name": "lenient", "namespace": namespace}, "spec": spec}  # fmt: skip
+    code, stored = api.request("POST", cr_path(namespace), doc, params=STRICT)
+    assert code == 201, (why, stored)
+    assert stored["spec"] == model_defaults(spec), why
+    doc["metadata"]["name"] = "lenient-applied"
+    code, applied = api.apply(doc)
+    if ssa_refuses:
+        assert code == 422 and applied["details"]["causes"][0]["field"] == "spec.decode.env.A", applied
+    else:
+        assert code == 201 and applied["spec"] == stored["spec"], (why, applied)

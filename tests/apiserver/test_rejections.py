@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from pdx import cli
+from pdx.rules import MAX_NAME_LENGTH, NAME_PROBLEM
 from pdx.spec import API_VERSION, KIND
 from tests.apiserver.client import STRICT, Api, cr_path
 from tests.spec.test_validation import INVALID, _clean, with_
@@ -27,23 +28,26 @@ WORDING = (
     "the OpenAPI validator and pydantic word the same constraint (the CRD's minimum/enum is generated "
     "from the model's Field(ge=...)/Literal) differently; both name the field and the bound"
 )
-UNKNOWN = (
-    "the server reports a field not in the schema without advice; pdx adds the fix. Server-side apply "
-    "answers 500 'field not declared in schema' for it, create answers 400 as in this row"
-)
+UNKNOWN = "the server reports a field not in the schema without advice; pdx adds the fix"
+# Server-side apply builds a typed object from the schema before validating: a wrong JSON type or
+# an unknown field fails that step with 500 (create answers 400/422 as in the rows).
+SSA_TYPED = "failed to create typed patch object"
 
 
 @dataclass(frozen=True)
 class Row:
     pdx: str  # the line `pdx render` prints for it
-    server: tuple[str, str]  # the 422 cause (field, message); for 400 ("", message)
+    server: tuple[str, str]  # the 422 cause (field, message) on create; for 400 ("", message)
     note: str = ""  # empty: the same field and message
+    ssa: str = ""  # server-side apply's own 500 answer, when it does not give the 422 above
+    more: tuple[tuple[str, str], ...] = ()  # further causes the server gives
 
 
 def _cel(field: str, message: str) -> Row:
     return Row(f"spec.{field}: {message}", (f"spec.{field}", f"Invalid value: {message}"))
 
 
+LONG_NAME = "qwen3-32b-disaggregated-bidirectional-t48"  # 41 characters
 _TP = "exceeds the GPUs of one node of placement.instanceType: lower it, or pick an instance type (or placement.gpusPerNode) with enough GPUs"  # noqa: E501
 _TOKENIZER = (
     "router.tokenizer 'router' reads the tokenizer from the model cache: set modelCache.claimName and make "
@@ -73,6 +77,7 @@ TABLE: dict[str, Row] = {
         ("", 'DisaggregatedInference in version "v1alpha1" cannot be handled as a DisaggregatedInference: '
              'strict decoding error: unknown field "spec.kvTransfer.decoderTtl"'),
         UNKNOWN,
+        ssa=".spec.kvTransfer.decoderTtl: field not declared in schema",
     ),
     "missing model": Row("spec.model: Field required", ("spec.model", "Required value"), WORDING),
     "router TTL not below decoder TTL minus the decline window": _cel(
@@ -126,6 +131,37 @@ TABLE: dict[str, Row] = {
          "Invalid value: -5: spec.kvTransfer.kvRecomputeThreshold in body should be greater than or equal to 0"),
         WORDING,
     ),
+    # Found by the server: lax pydantic took "2" for an integer and "false" for a boolean.
+    "replicas given as a string": Row(
+        "spec.prefill.replicas: Input should be a valid integer (got '2')",
+        ("spec.prefill.replicas",
+         'Invalid value: "string": spec.prefill.replicas in body must be of type integer: "string"'),
+        WORDING,
+        ssa=".spec.prefill.replicas: expected numeric (int or float), got string",
+    ),
+    "bidirectional given as a string": Row(
+        "spec.kvTransfer.bidirectional: Input should be a valid boolean (got 'false')",
+        ("spec.kvTransfer.bidirectional",
+         'Invalid value: "string": spec.kvTransfer.bidirectional in body must be of type boolean: "string"'),
+        WORDING,
+        ssa=".spec.kvTransfer.bidirectional: expected boolean, got &{false}",
+    ),
+    # Found by the server: it took any DNS subdomain as a name; pdx's children need a short DNS label.
+    "a name longer than 40 characters": Row(
+        f"metadata.name: '{LONG_NAME}' {NAME_PROBLEM}",
+        ("metadata.name", f"Invalid value: '{LONG_NAME}' {NAME_PROBLEM}"),
+    ),
+    "a name with a dot": Row(
+        f"metadata.name: 'qwen3.32b' {NAME_PROBLEM}", ("metadata.name", f"Invalid value: 'qwen3.32b' {NAME_PROBLEM}")
+    ),
+    "a name with capitals": Row(  # the server's check of every object's name comes on top
+        f"metadata.name: 'Qwen3' {NAME_PROBLEM}",
+        ("metadata.name", f"Invalid value: 'Qwen3' {NAME_PROBLEM}"),
+        more=(("metadata.name",
+               "Invalid value: \"Qwen3\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
+               "characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', "
+               "regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"),),
+    ),
     # tests/operator/test_reconcile.py
     "negative prefill replicas (the operator's invalid edit)": Row(
         "spec.prefill.replicas: Input should be greater than or equal to 0 (got -1)",
@@ -134,9 +170,18 @@ TABLE: dict[str, Row] = {
         WORDING,
     ),
 }
-SPECS: dict[str, dict[str, Any]] = {why: _clean(with_(cast(dict[str, Any], patch))) for why, patch, _ in INVALID}
-SPECS["threshold -5 (pdx render's own test)"] = _clean(with_({"kvTransfer.kvRecomputeThreshold": -5}))
-SPECS["negative prefill replicas (the operator's invalid edit)"] = _clean(with_({"prefill.replicas": -1}))
+OK = with_({})
+# case -> (metadata.name, spec)
+DOCS: dict[str, tuple[str, dict[str, Any]]] = {
+    why: ("bad", _clean(with_(cast(dict[str, Any], patch)))) for why, patch, _ in INVALID
+}
+DOCS["threshold -5 (pdx render's own test)"] = ("bad", with_({"kvTransfer.kvRecomputeThreshold": -5}))
+DOCS["negative prefill replicas (the operator's invalid edit)"] = ("bad", with_({"prefill.replicas": -1}))
+DOCS["replicas given as a string"] = ("bad", with_({"prefill.replicas": "2"}))
+DOCS["bidirectional given as a string"] = ("bad", with_({"kvTransfer.bidirectional": "false"}))
+DOCS["a name longer than 40 characters"] = (LONG_NAME, OK)
+DOCS["a name with a dot"] = ("qwen3.32b", OK)
+DOCS["a name with capitals"] = ("Qwen3", OK)
 # The server adds this cause when schema errors kept it from evaluating the CEL rules.
 CEL_SKIPPED = (
     "<nil>",
@@ -173,7 +218,8 @@ def server_causes(code: int, body: Any) -> list[tuple[str, str]]:
 
 
 def test_the_table_covers_every_invalid_case_of_the_spec_tests() -> None:
-    assert set(TABLE) == set(SPECS)
+    assert set(TABLE) == set(DOCS) and {why for why, _, _ in INVALID} <= set(DOCS)
+    assert len(LONG_NAME) == MAX_NAME_LENGTH + 1
 
 
 def test_rows_without_a_note_really_say_the_same() -> None:
@@ -188,19 +234,21 @@ def test_pdx_render_and_the_api_server_refuse_it_naming_the_same_field(
     api: Api, case: str, namespace: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     row = TABLE[case]
-    doc = document("bad", namespace, copy.deepcopy(SPECS[case]))
+    name, spec = DOCS[case]
+    doc = document(name, namespace, copy.deepcopy(spec))
     assert pdx_render_lines(doc, tmp_path, capsys) == [row.pdx]
     # `kubectl create` / client-side `kubectl apply` of a new object: POST, strict field validation
     code, body = api.request("POST", cr_path(namespace), doc, params=STRICT)
-    assert server_causes(code, body) == [row.server]
+    assert sorted(server_causes(code, body)) == sorted([row.server, *row.more])
     if row.server[0]:  # the path pdx names is the server's path
         assert row.pdx.startswith(row.server[0] + ": ")
     else:
         assert row.pdx.split(":")[0] in row.server[1]
-    # `kubectl apply --server-side`: the same verdict (an unknown field aside, see UNKNOWN)
+    # `kubectl apply --server-side`: the same verdict, or its typed-object step's (see SSA_TYPED)
     code, body = api.apply(doc)
-    if row.note == UNKNOWN:
-        assert code == 500 and body["message"].endswith(".spec.kvTransfer.decoderTtl: field not declared in schema")
+    if row.ssa:
+        assert code == 500 and body["message"].startswith(SSA_TYPED), body
+        assert body["message"].endswith("): " + row.ssa), body
     else:
-        assert server_causes(code, body) == [row.server]
-    assert api.request("GET", cr_path(namespace, "bad"))[0] == 404  # nothing was stored
+        assert sorted(server_causes(code, body)) == sorted([row.server, *row.more])
+    assert api.request("GET", cr_path(namespace))[1]["items"] == []  # nothing was stored
