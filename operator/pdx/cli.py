@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from pdx.resource import SpecError, Target, load
+from pdx.resource import SpecError, Target, load, manifest_documents
 
 EXIT_INVALID = 2
 
@@ -19,7 +19,7 @@ def read_target(path: str) -> Target:
     """Load one DisaggregatedInference from a YAML file (or `-` for stdin)."""
     text = sys.stdin.read() if path == "-" else Path(path).read_text()
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = manifest_documents(text)  # a duplicate key is an error, as in kubectl
     except yaml.YAMLError as err:
         raise SpecError([f"{path}: not valid YAML: {err}"]) from None
     if len(docs) != 1 or not isinstance(docs[0], dict):

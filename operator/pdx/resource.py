@@ -12,10 +12,36 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
 from pdx.rules import DNS_LABEL, MAX_NAME_LENGTH, NAME_PROBLEM
 from pdx.spec import API_VERSION, KIND, DisaggregatedInferenceSpec
+
+
+class _ManifestLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping, as kubectl's reader does
+    (PyYAML's own keeps the last one silently, so a file kubectl refuses would render)."""
+
+
+def _mapping(loader: _ManifestLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_ManifestLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def manifest_documents(text: str) -> list[Any]:
+    """The non-empty YAML documents of a manifest, read as kubectl reads them (raises yaml.YAMLError)."""
+    return [d for d in yaml.load_all(text, Loader=_ManifestLoader) if d is not None]
 
 
 class SpecError(ValueError):

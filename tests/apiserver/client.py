@@ -10,8 +10,7 @@ import json
 import time
 from typing import Any
 
-import yaml
-
+from pdx.resource import manifest_documents
 from pdx.spec import API_VERSION, PLURAL
 from tests.apiserver.server import ROOT, CrdApiServer
 
@@ -88,25 +87,7 @@ def established(api: Api, name: str, timeout: float = 20.0) -> dict[str, Any]:
         time.sleep(0.1)
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (as sigs.k8s.io/yaml does)."""
-
-
-def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping", node.start_mark, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
-
 
 def load_yaml(text: str) -> list[dict[str, Any]]:
-    """Every non-empty document of a manifest file, duplicate keys refused."""
-    return [d for d in yaml.load_all(text, Loader=_StrictLoader) if d is not None]
+    """Every document of a manifest file, read as kubectl reads it (pdx render reads so too)."""
+    return manifest_documents(text)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from pdx import cli
 from pdx.resource import parse_spec
 from pdx.spec import PLURAL
 from tests.apiserver.client import CRD_FILES, STRICT, Api, cr_path, established, load_yaml
@@ -24,9 +25,32 @@ def model_defaults(spec: dict[str, Any]) -> dict[str, Any]:
     return parse_spec(spec).model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
+DUPLICATE = """apiVersion: inference.pdx.dev/v1alpha1
+kind: DisaggregatedInference
+metadata: {name: demo}
+spec:
+  model: {name: Qwen/Qwen3-32B}
+  kvTransfer:
+    bidirectional: true
+    bidirectional: false
+"""
+
+
 def test_the_kubectl_reader_refuses_a_duplicate_key() -> None:
     with pytest.raises(yaml.constructor.ConstructorError, match="duplicate key 'bidirectional'"):
-        load_yaml("spec:\n  kvTransfer:\n    bidirectional: true\n    bidirectional: false\n")
+        load_yaml(DUPLICATE)
+
+
+def test_pdx_render_refuses_a_duplicate_key_as_kubectl_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "dup.yaml"
+    path.write_text(DUPLICATE)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["render", "-f", str(path)])
+    out, err = capsys.readouterr()
+    assert exited.value.code == cli.EXIT_INVALID and out == ""
+    assert "not valid YAML" in err and "duplicate key 'bidirectional'" in err
 
 
 @pytest.mark.parametrize("path", CRD_FILES, ids=lambda p: str(p.relative_to(ROOT)))
