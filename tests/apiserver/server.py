@@ -7,6 +7,7 @@ server in a private temporary directory with client-certificate auth (a client o
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -84,6 +85,14 @@ def _dummy_kubeconfig(path: Path, port: int) -> None:
     )
 
 
+def _die_with_parent() -> None:
+    """SIGTERM when pytest dies without its teardown (killed): nothing outlives the run."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+PR_SET_PDEATHSIG = 1
+
+
 @dataclass
 class CrdApiServer:
     """etcd plus apiextensions-apiserver; `url`, `session` and the cert paths once started."""
@@ -115,7 +124,9 @@ class CrdApiServer:
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = (self.workdir / f"{name}.log").open("wb")
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent
+        )
         log.close()
         self._procs.append(proc)
         return proc
