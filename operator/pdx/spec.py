@@ -175,8 +175,9 @@ class KvTransferSpec(_Spec):
 
     bidirectional: bool = True
     """bidirectional_kv_xfer: decode keeps finished blocks so the next turn's prefill reads them back (D->P)."""
-    decoder_kv_blocks_ttl_seconds: int = Field(default=480, ge=1)
-    """decoder_kv_blocks_ttl: seconds decode keeps a finished turn's blocks for reuse."""
+    decoder_kv_blocks_ttl_seconds: int = Field(default=480, ge=PREFILL_DECLINE_WINDOW_SECONDS + 1)
+    """decoder_kv_blocks_ttl: seconds decode keeps a finished turn's blocks for reuse (at least 6:
+    prefill declines a read within 5 s of expiry, so a shorter TTL could never be reused)."""
     kv_recompute_threshold: int = Field(default=64, ge=0)
     """kv_recompute_threshold: fewest reusable tokens worth a remote read instead of recompute."""
     backends: list[Literal["LIBFABRIC", "UCX"]] | None = Field(default=None, min_length=1)
@@ -254,7 +255,7 @@ class RouterSpec(_Spec):
     """Router image."""
     port: int = Field(default=8000, ge=1, le=65535)
     """Port of the router's OpenAI-compatible API."""
-    conversation_ttl_seconds: int | None = Field(default=None, ge=0)
+    conversation_ttl_seconds: int | None = Field(default=None, ge=1)
     """Router deadline for a stored entry; default: decoder TTL minus a 30 s margin (450 for 480)."""
     max_entries: int = Field(default=100000, ge=1)
     """Conversation entries kept (LRU beyond)."""
@@ -276,7 +277,7 @@ class RouterSpec(_Spec):
         margin = (
             ROUTER_TTL_MARGIN_SECONDS if decoder_ttl > 2 * ROUTER_TTL_MARGIN_SECONDS else PREFILL_DECLINE_WINDOW_SECONDS
         )
-        return max(0, decoder_ttl - margin)
+        return decoder_ttl - margin  # >= 1: the decoder TTL is at least the decline window + 1
 
 
 class DisaggregatedInferenceSpec(_Spec):

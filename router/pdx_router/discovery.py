@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
-import json
 import logging
 import os
 import socket
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import aiohttp
+from pydantic import ValidationError
 
-from .config import ConfigError, RouterConfig, normalize_url
-from .endpoints import Endpoint, Role
+from pdx_contract.base import engine_url, problems
+from pdx_contract.endpoints import EndpointsDocument, PublishedEndpoint, Role
+
+from .config import ConfigError, RouterConfig
+from .endpoints import Endpoint
 from .upstream import Upstream, block_size_from_metrics
 
 FAILURE_THRESHOLD = 3
@@ -23,14 +24,6 @@ FAILURE_THRESHOLD = 3
 log = logging.getLogger("pdx_router.discovery")
 
 ENDPOINTS_FILE_POLL_SECONDS = 2.0
-
-
-@dataclass(frozen=True)
-class Found:
-    role: Role
-    url: str
-    generation: str
-    name: str = ""
 
 
 class Pool:
@@ -41,67 +34,55 @@ class Pool:
     """
 
     def __init__(self) -> None:
-        self._by_source: dict[str, list[Found]] = {}
+        self._by_source: dict[str, list[PublishedEndpoint]] = {}
         self._live: dict[tuple[str, str], Endpoint] = {}
         self.endpoints: list[Endpoint] = []
 
-    def update(self, source: str, found: Iterable[Found]) -> list[Endpoint]:
-        """Replace one source's endpoints; returns the endpoints that are new."""
+    def update(self, source: str, found: Iterable[PublishedEndpoint]) -> list[Endpoint]:
+        """Replace one source's endpoints (each with its generation); returns the new ones."""
         self._by_source[source] = list(found)
-        wanted: dict[tuple[str, str], Found] = {}
+        wanted: dict[tuple[str, str], PublishedEndpoint] = {}
         for items in self._by_source.values():
             for f in items:
                 wanted.setdefault((f.role, f.url), f)
         new: list[Endpoint] = []
         live: dict[tuple[str, str], Endpoint] = {}
         for key, f in wanted.items():
+            generation = f.generation or ""
             ep = self._live.get(key)
             if ep is None:
-                ep = Endpoint(url=f.url, role=f.role, generation=f.generation, name=f.name)
+                ep = Endpoint(url=f.url, role=f.role, generation=generation, name=f.name)
                 new.append(ep)
             else:
-                ep.generation, ep.name = f.generation, f.name or ep.name
+                ep.generation, ep.name = generation, f.name or ep.name
             live[key] = ep
         self._live = live
         self.endpoints = list(live.values())
         return new
 
 
-def static_endpoints(cfg: RouterConfig) -> list[Found]:
-    return [Found("prefill", u, cfg.generation) for u in cfg.prefill] + [
-        Found("decode", u, cfg.generation) for u in cfg.decode
+def static_endpoints(cfg: RouterConfig) -> list[PublishedEndpoint]:
+    return [PublishedEndpoint(role="prefill", url=u, generation=cfg.generation) for u in cfg.prefill] + [
+        PublishedEndpoint(role="decode", url=u, generation=cfg.generation) for u in cfg.decode
     ]
 
 
-def read_endpoints_file(path: str, default_generation: str) -> list[Found]:
-    """Parse the operator's endpoints file; raises ConfigError with the offending item."""
-    with open(path) as fh:
-        raw = json.load(fh)
-    items = raw.get("endpoints") if isinstance(raw, dict) else None
-    if not isinstance(items, list):
-        raise ConfigError(f"{path}: expected {{'endpoints': [...]}}")
-    out: list[Found] = []
-    for i, item in enumerate(items):
-        role = item.get("role") if isinstance(item, dict) else None
-        if role not in ("prefill", "decode"):
-            raise ConfigError(f"{path}: endpoints[{i}].role must be 'prefill' or 'decode'")
-        url = normalize_url(item.get("url"), f"{path}: endpoints[{i}].url")
-        gen = item.get("generation") or default_generation
-        out.append(Found(role, url, str(gen), str(item.get("name") or "")))
-    return out
-
-
-def url_for(ip: str, port: int) -> str:
-    """Base URL for an address; IPv6 literals need brackets."""
-    host = f"[{ip}]" if ipaddress.ip_address(ip).version == 6 else ip
-    return f"http://{host}:{port}"
+def read_endpoints_file(path: str, default_generation: str) -> list[PublishedEndpoint]:
+    """The operator's endpoints file, each engine with its generation; ConfigError names the item."""
+    with open(path, "rb") as fh:
+        text = fh.read()
+    try:
+        doc = EndpointsDocument.model_validate_json(text)
+    except ValidationError as err:
+        raise ConfigError(f"{path}: " + "; ".join(problems(err))) from None
+    return [e if e.generation else e.model_copy(update={"generation": default_generation}) for e in doc.endpoints]
 
 
 async def resolve(name: str, port: int) -> list[str]:
     """A/AAAA records of a headless Service, as base URLs (sorted: stable order)."""
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(name, port, type=socket.SOCK_STREAM)
-    return sorted({url_for(str(info[4][0]).split("%")[0], port) for info in infos})
+    return sorted({engine_url(str(info[4][0]).split("%")[0], port) for info in infos})
 
 
 class Discovery:
@@ -169,14 +150,15 @@ class Discovery:
         assert dns is not None
         if self._file_has_endpoints:
             return
-        found: list[Found] = []
-        for role, name in (("prefill", dns.prefill), ("decode", dns.decode)):
+        found: list[PublishedEndpoint] = []
+        roles: tuple[tuple[Role, str], ...] = (("prefill", dns.prefill), ("decode", dns.decode))
+        for role, name in roles:
             try:
                 urls = await resolve(name, dns.port)
             except OSError as exc:
                 log.warning("DNS %s for %s failed: %s", name, role, exc)
                 continue
-            found += [Found(role, u, self.cfg.generation) for u in urls]  # type: ignore[arg-type]
+            found += [PublishedEndpoint(role=role, url=u, generation=self.cfg.generation) for u in urls]
         for ep in self.pool.update("dns", found):
             await self.check(ep)
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-Role = Literal["prefill", "decode"]
+from pdx_contract.endpoints import Role
+
+__all__ = ["Endpoint", "Role"]
 
 
 @dataclass(eq=False)
@@ -20,7 +21,3 @@ class Endpoint:
     failures: int = 0  # consecutive failed health checks
     outstanding: int = 0
     block_size: int | None = None
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.role, self.url)

@@ -9,7 +9,6 @@ import gc
 import logging
 import os
 import sys
-from dataclasses import replace
 
 from aiohttp import web
 
@@ -46,10 +45,12 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
         raise ConfigError("--conversation-ttl: must be > 0")
     if args.threshold is not None and args.threshold < 0:
         raise ConfigError("--threshold: must be >= 0")
+    store = None
     if args.redis_url is not None:
-        cfg = replace(cfg, store=StoreConfig("redis", args.redis_url, cfg.store.key_prefix))
+        store = StoreConfig(kind="redis", url=args.redis_url, key_prefix=cfg.store.key_prefix)
     return with_overrides(
         cfg,
+        store=store,
         host=args.host,
         port=args.port,
         prefill=args.prefill,

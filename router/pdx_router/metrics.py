@@ -6,7 +6,9 @@ from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .policy import STATS_OUTCOMES, Outcome
+from pdx_contract.stats import REUSE_OUTCOMES, GapSummary, PromptIdSources, ReuseCounts, RouterStats
+
+from .policy import Outcome
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _GAP_BUCKETS = (1, 5, 10, 30, 60, 120, 240, 300, 450, 480, 600, 1200, 3600)
@@ -66,9 +68,9 @@ class Metrics:
             registry=r,
         )
         self.upstream_errors = Counter("pdx_router_upstream_errors", "Engine errors by role.", ["role"], registry=r)
-        for o in STATS_OUTCOMES:
-            self.reuse.labels(o.value)
-        self._counts = {o.value: 0 for o in STATS_OUTCOMES}
+        for o in REUSE_OUTCOMES:
+            self.reuse.labels(o)
+        self._counts = dict.fromkeys(REUSE_OUTCOMES, 0)
         self._tokenize_mismatches = 0
         self._prompt_ids = {"local": 0, "engine": 0}
         self._reused = 0
@@ -102,20 +104,18 @@ class Metrics:
         self._gap_max = max(self._gap_max, seconds)
 
     def stats(self, entries: int) -> dict[str, object]:
+        """The wire form of RouterStats (app.py fills in routerTokenizer)."""
         gaps = sorted(self._gaps)
-        return {
-            "reuse": dict(self._counts),
-            "reusedTokens": self._reused,
-            "tokenizeMismatch": self._tokenize_mismatches,
-            "promptIds": dict(self._prompt_ids),
-            "entries": entries,
-            "interTurnGapSeconds": {
-                "count": self._gap_count,
-                "p50": _quantile(gaps, 0.5),
-                "p95": _quantile(gaps, 0.95),
-                "max": self._gap_max,
-            },
-        }
+        return RouterStats(
+            reuse=ReuseCounts(**self._counts),
+            reused_tokens=self._reused,
+            tokenize_mismatch=self._tokenize_mismatches,
+            prompt_ids=PromptIdSources(**self._prompt_ids),
+            entries=entries,
+            inter_turn_gap_seconds=GapSummary(
+                count=self._gap_count, p50=_quantile(gaps, 0.5), p95=_quantile(gaps, 0.95), max=self._gap_max
+            ),
+        ).to_json()
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:

@@ -36,8 +36,8 @@ from tests.router.helpers import LONG, assistant, stream_text, user
 pytestmark = pytest.mark.images
 
 UID = 65532  # the renderer's and the chart's runAsUser
-PACKAGES = {"pdx": ROOT / "operator" / "pdx", "pdx_router": ROOT / "router" / "pdx_router",
-            "pdx_bench": ROOT / "benchmark" / "pdx_bench"}  # fmt: skip
+PACKAGES = {"pdx": ROOT / "operator" / "pdx", "pdx_contract": ROOT / "contract" / "pdx_contract",
+            "pdx_router": ROOT / "router" / "pdx_router", "pdx_bench": ROOT / "benchmark" / "pdx_bench"}  # fmt: skip
 NAMES = ("operator", "router")
 
 

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -91,15 +91,15 @@ async def make_stack() -> AsyncIterator[StackFactory]:
             stack.decodes.append(eng)
             stack.decode_urls.append(url)
             stack.runners.append(runner)
-        cfg = RouterConfig(
-            served_model_name="Qwen",
-            generation="g1",
-            prefill=tuple(stack.prefill_urls),
-            decode=tuple(stack.decode_urls),
-            kv_recompute_threshold=8,
-            health_check_interval_seconds=60,
-        )
-        cfg = replace(cfg, **cfg_changes)
+        settings: dict[str, Any] = {
+            "served_model_name": "Qwen",
+            "generation": "g1",
+            "prefill": tuple(stack.prefill_urls),
+            "decode": tuple(stack.decode_urls),
+            "kv_recompute_threshold": 8,
+            "health_check_interval_seconds": 60,
+        }
+        cfg = RouterConfig(**{**settings, **cfg_changes})
         for _ in range(routers):
             router, runner, url = await start_router(cfg, host)
             stack.routers.append(router)

@@ -8,10 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from pdx_router.discovery import FAILURE_THRESHOLD, Found, Pool, read_endpoints_file, resolve, url_for
+from pdx_contract.base import engine_url
+from pdx_contract.endpoints import PublishedEndpoint, Role
+from pdx_router.discovery import FAILURE_THRESHOLD, Pool, read_endpoints_file, resolve
 
 from .conftest import StackFactory
 from .helpers import LONG, chat, user
+
+
+def _ep(role: Role, url: str, generation: str, name: str = "") -> PublishedEndpoint:
+    return PublishedEndpoint(role=role, url=url, generation=generation, name=name)
 
 
 def has_ipv6_loopback() -> bool:
@@ -32,8 +38,8 @@ async def test_ipv6_engine_urls_work_end_to_end(make_stack: StackFactory, http) 
 
 
 def test_ipv6_addresses_get_brackets() -> None:
-    assert url_for("fd00::5", 8000) == "http://[fd00::5]:8000"
-    assert url_for("10.0.0.5", 8000) == "http://10.0.0.5:8000"
+    assert engine_url("fd00::5", 8000) == "http://[fd00::5]:8000"
+    assert engine_url("10.0.0.5", 8000) == "http://10.0.0.5:8000"
 
 
 async def test_dns_resolution_gives_base_urls() -> None:
@@ -93,7 +99,7 @@ async def test_decode_block_size_is_learned_from_metrics(make_stack: StackFactor
 def test_endpoints_file_parsing(tmp_path: Path) -> None:
     path = tmp_path / "e.json"
     path.write_text(json.dumps({"endpoints": [{"role": "decode", "url": "http://[fd00::1]:8000", "name": "d"}]}))
-    assert read_endpoints_file(str(path), "g0") == [Found("decode", "http://[fd00::1]:8000", "g0", "d")]
+    assert read_endpoints_file(str(path), "g0") == [_ep("decode", "http://[fd00::1]:8000", "g0", "d")]
     path.write_text(json.dumps({"endpoints": [{"role": "router", "url": "http://x:1"}]}))
     with pytest.raises(ValueError, match=r"endpoints\[0\]\.role"):
         read_endpoints_file(str(path), "g0")
@@ -101,9 +107,9 @@ def test_endpoints_file_parsing(tmp_path: Path) -> None:
 
 def test_pool_keeps_endpoint_state_across_refreshes() -> None:
     pool = Pool()
-    pool.update("dns", [Found("decode", "http://a:1", "g")])
+    pool.update("dns", [_ep("decode", "http://a:1", "g")])
     pool.endpoints[0].outstanding = 3
-    new = pool.update("dns", [Found("decode", "http://a:1", "g"), Found("decode", "http://b:1", "g")])
+    new = pool.update("dns", [_ep("decode", "http://a:1", "g"), _ep("decode", "http://b:1", "g")])
     assert [e.url for e in new] == ["http://b:1"]
     assert pool.endpoints[0].outstanding == 3
     pool.update("dns", [])

@@ -12,7 +12,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
 from pdx.spec import ROUTER_TTL_MARGIN_SECONDS, ReuseStatus
+from pdx_contract.stats import RouterStats
 
 MIN_SAMPLES = 20  # fewer gaps than this say nothing about a p95
 HEADROOM = 1.1  # p95 moves; 10 % keeps a recommendation from chasing every sample
@@ -21,10 +24,6 @@ FLOOR_SECONDS = 60
 # Decode holds finished turns' KV for the whole TTL; beyond an hour the memory cost of
 # keeping blocks for conversations that may never return outweighs the recompute saved.
 CAP_SECONDS = 3600
-
-# Outcomes of a turn whose conversation had a stored entry (a `miss` had none).
-_WITH_ENTRY = ("hit", "expired", "declined", "prefix_mismatch", "below_threshold")
-
 
 def recommend_ttl(
     p95_gap_seconds: float | None,
@@ -41,22 +40,17 @@ def recommend_ttl(
     return max(FLOOR_SECONDS, min(CAP_SECONDS, stepped))
 
 
-def _int(value: Any) -> int:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
-
-
-def reuse_status(stats: Mapping[str, Any]) -> ReuseStatus:
-    """Status.reuse from the router's `GET /v1/pdx/stats` answer (tolerates missing keys)."""
-    reuse = stats.get("reuse") or {}
-    hits = _int(reuse.get("hit"))
-    with_entry = sum(_int(reuse.get(k)) for k in _WITH_ENTRY)
-    gaps = stats.get("interTurnGapSeconds") or {}
-    p95 = gaps.get("p95")
+def reuse_status(raw: Mapping[str, Any]) -> ReuseStatus | None:
+    """Status.reuse from the router's `GET /v1/pdx/stats` answer; None if it is not one."""
+    try:
+        stats = RouterStats.model_validate(raw)
+    except ValidationError:
+        return None
+    reuse, gaps = stats.reuse, stats.inter_turn_gap_seconds
+    with_entry = reuse.with_entry()
     return ReuseStatus(
-        hit_rate=round(hits / with_entry, 4) if with_entry else None,
-        hits=hits,
-        expired=_int(reuse.get("expired")),
-        recommended_ttl_seconds=recommend_ttl(
-            float(p95) if isinstance(p95, int | float) else None, _int(gaps.get("count"))
-        ),
+        hit_rate=round(reuse.hit / with_entry, 4) if with_entry else None,
+        hits=reuse.hit,
+        expired=reuse.expired,
+        recommended_ttl_seconds=recommend_ttl(gaps.p95, gaps.count) if gaps.count else None,
     )

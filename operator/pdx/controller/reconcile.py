@@ -27,6 +27,7 @@ from pdx.render.meta import LABEL_CONFIG_HASH, LABEL_ROLE, MANAGER, canonical_ha
 from pdx.render.router import ENDPOINTS_FILE
 from pdx.resource import SpecError, Target, load
 from pdx.spec import DisaggregatedInferenceSpec, DisaggregatedInferenceStatus
+from pdx_contract.endpoints import EndpointsDocument
 
 log = logging.getLogger(__name__)
 
@@ -331,8 +332,8 @@ def _published_before(children: Mapping[tuple[str, str], Mapping[str, Any]]) -> 
         data = obj.get("data") or {}
         if kind == "ConfigMap" and ENDPOINTS_FILE in data:
             try:
-                gens = {e.get("generation") for e in json.loads(data[ENDPOINTS_FILE]).get("endpoints", [])}
-            except (ValueError, AttributeError):
+                gens = EndpointsDocument.model_validate_json(data[ENDPOINTS_FILE]).generations()
+            except ValueError:
                 return None
             return next(iter(gens)) if len(gens) == 1 else None
     return None

@@ -15,8 +15,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pdx.render import Endpoint
+from pdx.render import ready_engine
 from pdx.render.meta import ROLES
+from pdx_contract.endpoints import PublishedEndpoint
 
 
 @dataclass(frozen=True)
@@ -71,13 +72,13 @@ def choose_generation(pods: Sequence[PodView], target: str) -> str:
     return best_other
 
 
-def endpoints(pods: Sequence[PodView], target: str) -> tuple[str, list[Endpoint]]:
+def endpoints(pods: Sequence[PodView], target: str) -> tuple[str, list[PublishedEndpoint]]:
     """The generation chosen and its ready engines, as the router's endpoints file lists them."""
     gen = choose_generation(pods, target)
     out = [
-        Endpoint(role=p.role, name=p.name, ip=p.ip or "", generation=gen)
+        ready_engine(p.role, p.name, p.ip, gen)
         for p in sorted(pods, key=lambda p: (p.role, p.name))
-        if p.role in ROLES and p.generation == gen and p.serving
+        if p.role in ROLES and p.generation == gen and p.serving and p.ip
     ]
     return gen, out
 

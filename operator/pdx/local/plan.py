@@ -19,6 +19,7 @@ from pdx.podenv import command_line, expand, resolve_env
 from pdx.render.engines import ENGINE_ENTRYPOINT, HOST_ENV, PORT_ENV
 from pdx.render.meta import LABEL_CONFIG_HASH, LABEL_ROLE
 from pdx.render.router import CONFIG_FILE, ENDPOINTS_FILE
+from pdx_contract.router_config import RouterConfig
 
 LOOPBACK = "127.0.0.1"
 SIDE_CHANNEL_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"
@@ -168,9 +169,14 @@ def router_process(
 
 def _local_router_config(content: str, mounts: Mapping[str, str], port: int) -> str:
     """The pod network becomes loopback: listen there, no cluster DNS, files under the state dir."""
-    config = json.loads(content)
-    config.update(host=LOOPBACK, port=port, dns=None)
-    for key in ("endpointsFile", "tokenizer"):
-        if config.get(key):
-            config[key] = map_paths(config[key], mounts)
-    return json.dumps(config, indent=2, sort_keys=True) + "\n"
+    config = RouterConfig.model_validate_json(content)
+    local = config.model_copy(
+        update={
+            "host": LOOPBACK,
+            "port": port,
+            "dns": None,
+            "endpoints_file": map_paths(config.endpoints_file, mounts) if config.endpoints_file else None,
+            "tokenizer": map_paths(config.tokenizer, mounts) if config.tokenizer else None,
+        }
+    )
+    return json.dumps(local.to_json(), indent=2, sort_keys=True) + "\n"

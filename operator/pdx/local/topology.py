@@ -24,7 +24,7 @@ from typing import Any
 from pdx.local.plan import LOOPBACK, Layout, LocalProcess, Ports, engine_process, map_paths, router_process
 from pdx.render import render
 from pdx.render.meta import ROLES, config_hash
-from pdx.render.router import ENDPOINTS_FILE, Endpoint, endpoints_configmap
+from pdx.render.router import ENDPOINTS_FILE, endpoints_configmap, ready_engine
 from pdx.resource import Target, load
 
 # Model names the local runtime builds itself (no hub): name -> (size, seeded weights).
@@ -126,7 +126,7 @@ class LocalTopology:
                 ports = Ports(http=free_port(), side_channel=free_port())
                 engines.append(engine_process(sets[role], ordinal, ports, self.layout))
         endpoints = [
-            Endpoint(role=p.role, name=p.name, ip=LOOPBACK, generation=p.generation or "", port=p.port)  # type: ignore[arg-type]
+            ready_engine(p.role, p.name, LOOPBACK, p.generation or "", p.port)  # type: ignore[arg-type]
             for p in engines
         ]
         endpoints_json = endpoints_configmap(self.target, endpoints)["data"][ENDPOINTS_FILE]

@@ -9,13 +9,14 @@ from typing import Any
 
 from pdx.render import engines, policies, router
 from pdx.render.meta import ROLES, config_hash
-from pdx.render.router import Endpoint
+from pdx.render.router import ready_engine
 from pdx.resource import Target
+from pdx_contract.endpoints import PublishedEndpoint
 
-__all__ = ["Endpoint", "config_hash", "render"]
+__all__ = ["config_hash", "ready_engine", "render"]
 
 
-def render(target: Target, endpoints: list[Endpoint] | None = None) -> list[dict[str, Any]]:
+def render(target: Target, endpoints: list[PublishedEndpoint] | None = None) -> list[dict[str, Any]]:
     """Every child object of one DisaggregatedInference, in apply order.
 
     `endpoints` are the ready engine pods the operator observed (none when rendering offline).

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from pdx.render import meta
 from pdx.render.meta import HTTP_PORT, Role
 from pdx.resource import Target
+from pdx_contract.base import Document, engine_url
+from pdx_contract.endpoints import EndpointsDocument, PublishedEndpoint
+from pdx_contract.router_config import DnsConfig, RouterConfig, StoreConfig
 
 CONFIG_DIR = "/etc/pdx/router"
 ENDPOINTS_DIR = "/etc/pdx/endpoints"
@@ -16,67 +18,41 @@ CONFIG_FILE = "router.json"
 ENDPOINTS_FILE = "endpoints.json"
 
 
-@dataclass(frozen=True)
-class Endpoint:
+def ready_engine(role: Role, name: str, ip: str, generation: str, port: int = HTTP_PORT) -> PublishedEndpoint:
     """A ready engine pod as the router addresses it."""
-
-    role: Role
-    name: str
-    ip: str
-    generation: str
-    port: int = HTTP_PORT
-
-    def url(self) -> str:
-        host = f"[{self.ip}]" if ":" in self.ip else self.ip
-        return f"http://{host}:{self.port}"
+    return PublishedEndpoint(role=role, name=name, url=engine_url(ip, port), generation=generation)
 
 
-def router_config(target: Target, config_hash: str) -> dict[str, Any]:
+def router_config(target: Target, config_hash: str) -> RouterConfig:
     spec = target.spec
     router = spec.router
-    store: dict[str, Any] = {"kind": router.store.kind}
-    if router.store.url:
-        store["url"] = router.store.url
     svc = f"{target.namespace}.svc"
-    config: dict[str, Any] = {
-        "host": "0.0.0.0",
-        "port": router.port,
-        "servedModelName": spec.model.served_name,
-        "generation": config_hash,
-        "prefill": [],
-        "decode": [],
-        "endpointsFile": f"{ENDPOINTS_DIR}/{ENDPOINTS_FILE}",
-        "dns": {
-            "prefill": f"{meta.engine_name(target, 'prefill')}.{svc}",
-            "decode": f"{meta.engine_name(target, 'decode')}.{svc}",
-            "port": HTTP_PORT,
-            "refreshSeconds": 5,
-        },
-        "conversationTtlSeconds": spec.router_ttl,
-        "kvRecomputeThreshold": spec.kv_transfer.kv_recompute_threshold,
-        "maxEntries": router.max_entries,
-        "tenantHeader": router.tenant_header,
-        "store": store,
-        "maxRequestBytes": 16 * 1024 * 1024,
-        "upstreamTimeoutSeconds": 600,
-        "healthCheckIntervalSeconds": 5,
-    }
-    if router.tokenizer == "router":
-        config["tokenizer"] = spec.model.name
-    return config
+    return RouterConfig(
+        host="0.0.0.0",
+        port=router.port,
+        served_model_name=spec.model.served_name,
+        generation=config_hash,
+        endpoints_file=f"{ENDPOINTS_DIR}/{ENDPOINTS_FILE}",
+        dns=DnsConfig(
+            prefill=f"{meta.engine_name(target, 'prefill')}.{svc}",
+            decode=f"{meta.engine_name(target, 'decode')}.{svc}",
+            port=HTTP_PORT,
+        ),
+        conversation_ttl_seconds=spec.router_ttl,
+        kv_recompute_threshold=spec.kv_transfer.kv_recompute_threshold,
+        max_entries=router.max_entries,
+        tenant_header=router.tenant_header,
+        store=StoreConfig(kind=router.store.kind, url=router.store.url),
+        tokenizer=spec.model.name if router.tokenizer == "router" else None,
+    )
 
 
-def endpoints_document(endpoints: list[Endpoint]) -> dict[str, Any]:
-    return {
-        "endpoints": [
-            {"role": e.role, "url": e.url(), "generation": e.generation, "name": e.name}
-            for e in sorted(endpoints, key=lambda e: (e.role, e.name))
-        ]
-    }
+def endpoints_document(endpoints: list[PublishedEndpoint]) -> EndpointsDocument:
+    return EndpointsDocument(endpoints=tuple(sorted(endpoints, key=lambda e: (e.role, e.name))))
 
 
-def _dump(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+def _dump(doc: Document) -> str:
+    return json.dumps(doc.to_json(), indent=2, sort_keys=True) + "\n"
 
 
 def router_configmap(target: Target, config_hash: str) -> dict[str, Any]:
@@ -88,7 +64,7 @@ def router_configmap(target: Target, config_hash: str) -> dict[str, Any]:
     }
 
 
-def endpoints_configmap(target: Target, endpoints: list[Endpoint]) -> dict[str, Any]:
+def endpoints_configmap(target: Target, endpoints: list[PublishedEndpoint]) -> dict[str, Any]:
     """Kept current by the operator from ready pods; the router polls the mounted file."""
     return {
         "apiVersion": "v1",
@@ -100,7 +76,7 @@ def endpoints_configmap(target: Target, endpoints: list[Endpoint]) -> dict[str, 
 
 def router_deployment(target: Target, config_hash: str) -> dict[str, Any]:
     router = target.spec.router
-    config_digest = meta.canonical_hash(router_config(target, config_hash))
+    config_digest = meta.canonical_hash(router_config(target, config_hash).to_json())
     res = router.resources
     resources: dict[str, Any] = {"requests": {}, "limits": {}}
     if res.cpu:

@@ -1,0 +1,63 @@
+"""The router's `GET /v1/pdx/stats`: reuse counters and inter-turn gaps, read by the operator.
+
+Unlike the documents the operator writes, unknown fields are ignored here: a newer router's
+extra counters must not blind an older operator during an upgrade.
+"""
+
+from __future__ import annotations
+
+from pydantic import ConfigDict
+
+from .base import Document
+
+
+class _Read(Document):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ReuseCounts(_Read):
+    """Turns per outcome (snake_case keys: they are the outcome names)."""
+
+    model_config = ConfigDict(alias_generator=None)
+
+    hit: int = 0
+    miss: int = 0
+    expired: int = 0
+    declined: int = 0
+    prefix_mismatch: int = 0
+    below_threshold: int = 0
+
+    def with_entry(self) -> int:
+        return sum(getattr(self, o) for o in WITH_ENTRY)
+
+
+# The reuse outcomes of a conversation's turns, as counted (a turn without a conversation id
+# counts nowhere): the router's metrics and the operator's advice both key on these names.
+REUSE_OUTCOMES: tuple[str, ...] = tuple(ReuseCounts.model_fields)
+# Outcomes of a turn whose conversation had a stored entry (a `miss` had none).
+WITH_ENTRY = tuple(o for o in REUSE_OUTCOMES if o != "miss")
+
+
+class PromptIdSources(_Read):
+    """Where reuse candidates' prompt ids came from: the router's tokenizer or /tokenize."""
+
+    local: int = 0
+    engine: int = 0
+
+
+class GapSummary(_Read):
+    count: int = 0
+    p50: float = 0.0
+    p95: float = 0.0
+    max: float = 0.0
+
+
+class RouterStats(_Read):
+    reuse: ReuseCounts = ReuseCounts()
+    reused_tokens: int = 0
+    tokenize_mismatch: int = 0
+    prompt_ids: PromptIdSources = PromptIdSources()
+    entries: int = 0
+    inter_turn_gap_seconds: GapSummary = GapSummary()
+    router_tokenizer: str = "off"
+    """The router's own tokenizer: off, on probation, trusted or distrusted."""
