@@ -21,7 +21,7 @@ recipe=1                 # bump when the build steps below change what they prod
 root_pkg=golang-k8s-apiextensions-apiserver-dev
 cache=${PDX_CACHE:-$HOME/.cache/pdx}/crd-apiserver
 
-log() { echo "build-crd-apiserver: $*" >&2; }
+log() { echo "build-crd-apiserver: [${SECONDS}s] $*" >&2; }
 die() { log "$*"; exit 1; }
 
 # The machine's own Debian mirror (its deb822 sources), else Debian's default one.
