@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from pdx import rules, spec
+from pdx import labels, rules, spec
 
 CRD_FILE = "crds/disaggregatedinferences.yaml"
 
@@ -131,7 +131,7 @@ def crd() -> dict[str, Any]:
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": f"{spec.PLURAL}.{spec.GROUP}",
-            "labels": {"app.kubernetes.io/part-of": "pdx"},
+            "labels": {labels.PART_OF: labels.APP},
         },
         "spec": {
             "group": spec.GROUP,

@@ -28,6 +28,19 @@ API_VERSION = f"{GROUP}/{VERSION}"
 PREFILL_DECLINE_WINDOW_SECONDS = 5
 ROUTER_TTL_MARGIN_SECONDS = 30
 
+# The status conditions, in the order status lists them, each with what True means. The
+# operator writes exactly these; the CRD documents them from here.
+CONDITIONS: dict[str, str] = {
+    "Ready": "requests can be served: a prefill/decode pair of the published config and a router",
+    "PrefillAvailable": "at least one prefill pod is ready",
+    "DecodeAvailable": "at least one decode pod is ready",
+    "RouterAvailable": "at least one router pod is ready",
+    "Progressing": "a rollout, scale or start-up is still moving",
+    "Degraded": "something needs a person: a rejected edit, a failed apply, failing pods, no EFA",
+    "InvalidSpec": "the last edit was rejected; the fleet keeps the previous config",
+    "EFAAvailable": "no engine refused to start for want of EFA",
+}
+
 Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|m|k|M|G|T)?$")]
 
 
@@ -428,5 +441,7 @@ class DisaggregatedInferenceStatus(_Status):
     """bidirectional_kv_xfer in force."""
     reuse: ReuseStatus | None = None
     """Router reuse counters and TTL advice."""
-    conditions: list[Condition] = Field(default_factory=list)
-    """Ready, PrefillAvailable, DecodeAvailable, RouterAvailable, Progressing, Degraded, InvalidSpec."""
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Conditions (True means): " + "; ".join(f"{t}: {m}" for t, m in CONDITIONS.items()) + ".",
+    )

@@ -9,7 +9,8 @@ import kubernetes_validate
 import pytest
 
 from pdx.controller.kube import Kube
-from pdx.controller.reconcile import ANNOTATION_APPLIED, Outcome, reconcile
+from pdx.controller.reconcile import Outcome, reconcile
+from pdx.labels import APPLIED_HASH
 from pdx.spec import API_VERSION, KIND
 from tests.operator.conftest import (
     NS,
@@ -72,7 +73,7 @@ async def test_create_applies_all_children_owned_and_valid(api: ApiServer, kube:
             "apiVersion": API_VERSION, "kind": KIND, "name": "demo", "uid": cr["metadata"]["uid"],
             "controller": True, "blockOwnerDeletion": True,
         }  # fmt: skip
-        assert ANNOTATION_APPLIED in obj["metadata"]["annotations"]
+        assert APPLIED_HASH in obj["metadata"]["annotations"]
         kubernetes_validate.validate(obj, "1.37.0", strict=True)
     # every write was a server-side apply by one field manager
     applies = [r for r in api if "/status" not in r.url.path and r.params.get("fieldManager")]

@@ -26,17 +26,15 @@ from typing import Any, cast
 
 import kopf
 
-from pdx import rules
+from pdx import kinds, labels, rules
 from pdx.controller.kube import ApiError, Kube, make_api_client
 from pdx.controller.rbac import PEERING_NAME
 from pdx.controller.reconcile import Outcome, StatsFetcher, reconcile
-from pdx.render.meta import MANAGER
 from pdx.spec import GROUP, PLURAL, VERSION
 
 RESYNC_SECONDS = float(os.environ.get("PDX_RESYNC_SECONDS", "30"))
 STATS_TIMEOUT_SECONDS = 2.0
 RETRY_DELAY_SECONDS = 10
-CHILD_LABELS = {"app.kubernetes.io/managed-by": MANAGER, "app.kubernetes.io/name": "pdx"}
 
 
 def fetch_router_stats(base_url: str) -> Mapping[str, Any] | None:
@@ -124,9 +122,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         settings.peering.priority = int(os.environ["PDX_OPERATOR_PRIORITY"])
     elif settings.peering.priority == 0:
         settings.peering.priority = 1 + secrets.randbelow(2**30)
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="pdx.dev")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="pdx.dev")
-    settings.persistence.finalizer = "pdx.dev/operator"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=labels.KOPF_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=labels.KOPF_PREFIX)
+    settings.persistence.finalizer = labels.FINALIZER
     settings.posting.level = logging.INFO
     settings.execution.max_workers = int(os.environ.get("PDX_WORKERS", "16"))
     if getattr(memo, "kube", None) is None:
@@ -192,7 +190,8 @@ def _is_echo(event: Mapping[str, Any], body: Mapping[str, Any], namespace: str, 
     return bool(gate.written.get((body.get("kind", ""), meta.get("name", ""))) == version)
 
 
-def _child_event(event: Mapping[str, Any], body: Mapping[str, Any], memo: kopf.Memo, logger: Any) -> None:
+def child_event(event: Mapping[str, Any], body: Mapping[str, Any], memo: Any, logger: Any, **_: Any) -> None:
+    """A watched child changed: reconcile its owner (a deleted or hand-edited set comes back)."""
     if event.get("type") is None:  # the initial listing: resume handles those resources
         return
     owner = _owner(body)
@@ -205,11 +204,7 @@ def _child_event(event: Mapping[str, Any], body: Mapping[str, Any], memo: kopf.M
         logger.warning("reconcile of %s/%s after a child event failed: %s", namespace, owner, err)
 
 
-@kopf.on.event("apps", "v1", "statefulsets", labels=CHILD_LABELS)
-def statefulset_event(event: Mapping[str, Any], body: Mapping[str, Any], memo: Any, logger: Any, **_: Any) -> None:
-    _child_event(event, body, memo, logger)
-
-
-@kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
-def deployment_event(event: Mapping[str, Any], body: Mapping[str, Any], memo: Any, logger: Any, **_: Any) -> None:
-    _child_event(event, body, memo, logger)
+for _watched in (k for k in kinds.CHILDREN if k.watched):
+    kopf.on.event(_watched.group, _watched.version, _watched.plural, labels=labels.managed(), id=_watched.plural)(
+        child_event
+    )

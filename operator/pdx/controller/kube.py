@@ -17,20 +17,9 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from pdx.render.meta import MANAGER
-from pdx.spec import API_VERSION, KIND, PLURAL
-
-# Every kind the operator reads or writes: (apiVersion, kind) -> plural.
-PLURALS: dict[tuple[str, str], str] = {
-    ("v1", "Service"): "services",
-    ("v1", "ConfigMap"): "configmaps",
-    ("v1", "Pod"): "pods",
-    ("apps/v1", "StatefulSet"): "statefulsets",
-    ("apps/v1", "Deployment"): "deployments",
-    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
-    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
-    (API_VERSION, KIND): PLURAL,
-}
+from pdx import labels
+from pdx.kinds import PLURALS
+from pdx.spec import API_VERSION, KIND
 
 APPLY = "application/apply-patch+yaml"  # JSON is YAML: the client sends the dict as JSON
 MERGE = "application/merge-patch+json"
@@ -78,7 +67,7 @@ class Kube:
     """Synchronous API access; kopf runs sync handlers in its thread pool."""
 
     api: k8s_client.ApiClient
-    field_manager: str = MANAGER
+    field_manager: str = labels.MANAGER
     timeout: float = 15.0
 
     def call(

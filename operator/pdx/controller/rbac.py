@@ -12,10 +12,22 @@ from typing import Any
 
 import yaml
 
+from pdx import kinds, labels
 from pdx.spec import GROUP, PLURAL
 
 ROLE_NAME = "pdx-operator"
 PEERING_NAME = "pdx-operator"  # settings.peering.name in handlers.configure
+
+
+CHILD_VERBS = ["get", "list", "watch", "create", "patch", "delete"]
+
+
+def _child_rules() -> list[dict[str, Any]]:
+    """Server-side apply, list, watch and prune of every child kind, one rule per API group."""
+    groups: dict[str, list[str]] = {}
+    for k in kinds.CHILDREN:
+        groups.setdefault(k.group, []).append(k.plural)
+    return [{"apiGroups": [g], "resources": plurals, "verbs": list(CHILD_VERBS)} for g, plurals in groups.items()]
 
 
 def rbac_rules() -> list[dict[str, Any]]:
@@ -25,29 +37,10 @@ def rbac_rules() -> list[dict[str, Any]]:
     return [
         {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch"]},
-        {
-            "apiGroups": [""],
-            "resources": ["services", "configmaps"],
-            "verbs": ["get", "list", "watch", "create", "patch", "delete"],
-        },
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        *_child_rules(),
+        {"apiGroups": [kinds.POD.group], "resources": [kinds.POD.plural], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
-        {
-            "apiGroups": ["apps"],
-            "resources": ["statefulsets", "deployments"],
-            "verbs": ["get", "list", "watch", "create", "patch", "delete"],
-        },
-        {
-            "apiGroups": ["networking.k8s.io"],
-            "resources": ["networkpolicies"],
-            "verbs": ["get", "list", "watch", "create", "patch", "delete"],
-        },
-        {
-            "apiGroups": ["policy"],
-            "resources": ["poddisruptionbudgets"],
-            "verbs": ["get", "list", "watch", "create", "patch", "delete"],
-        },
         # kopf: discovers resources, and watches namespaces when run with a namespace pattern.
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
@@ -65,7 +58,7 @@ def cluster_role() -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
-        "metadata": {"name": ROLE_NAME, "labels": {"app.kubernetes.io/name": "pdx-operator"}},
+        "metadata": {"name": ROLE_NAME, "labels": {labels.NAME: labels.MANAGER}},
         "rules": rbac_rules(),
     }
 

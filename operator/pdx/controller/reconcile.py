@@ -19,11 +19,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pdx import kinds
+from pdx import labels as labels_
 from pdx.controller import advice, rollout, status
 from pdx.controller.kube import ApiError, Kube
 from pdx.controller.rollout import PodView
 from pdx.render import config_hash, render
-from pdx.render.meta import LABEL_CONFIG_HASH, LABEL_ROLE, MANAGER, canonical_hash, router_name
+from pdx.render.meta import canonical_hash, router_name
 from pdx.render.router import ENDPOINTS_FILE
 from pdx.resource import SpecError, Target, load
 from pdx.spec import DisaggregatedInferenceSpec, DisaggregatedInferenceStatus
@@ -31,17 +33,8 @@ from pdx_contract.endpoints import EndpointsDocument
 
 log = logging.getLogger(__name__)
 
-ANNOTATION_APPLIED = "pdx.dev/applied-hash"
 # The kinds `render` produces; children of these kinds owned by the CR and no longer rendered
 # (e.g. a PodDisruptionBudget after scaling to one router) are pruned.
-CHILD_KINDS: tuple[tuple[str, str], ...] = (
-    ("v1", "Service"),
-    ("apps/v1", "StatefulSet"),
-    ("v1", "ConfigMap"),
-    ("apps/v1", "Deployment"),
-    ("networking.k8s.io/v1", "NetworkPolicy"),
-    ("policy/v1", "PodDisruptionBudget"),
-)
 
 StatsFetcher = Callable[[str], Mapping[str, Any] | None]
 
@@ -73,10 +66,6 @@ class Outcome:
         return len(self.applied) + len(self.pruned) + (1 if self.status else 0)
 
 
-def instance_labels(name: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "pdx", "app.kubernetes.io/instance": name}
-
-
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
     return obj["kind"], obj["metadata"]["name"]
 
@@ -94,7 +83,7 @@ def stamp(obj: dict[str, Any]) -> dict[str, Any]:
     """The manifest plus the hash of what was rendered: removals (which `subset` cannot see)
     change the hash, so a field dropped from the render is dropped live by the next apply."""
     meta = dict(obj["metadata"])
-    meta["annotations"] = {**meta.get("annotations", {}), ANNOTATION_APPLIED: canonical_hash(obj, 16)}
+    meta["annotations"] = {**meta.get("annotations", {}), labels_.APPLIED_HASH: canonical_hash(obj, 16)}
     return {**obj, "metadata": meta}
 
 
@@ -102,8 +91,8 @@ def needs_apply(desired: Mapping[str, Any], live: Mapping[str, Any] | None) -> s
     """Why the child must be applied (created/updated/repaired), or None if it is current."""
     if live is None or (live.get("metadata") or {}).get("deletionTimestamp"):
         return "created"
-    have = ((live.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_APPLIED)
-    if have != desired["metadata"]["annotations"][ANNOTATION_APPLIED]:
+    have = ((live.get("metadata") or {}).get("annotations") or {}).get(labels_.APPLIED_HASH)
+    if have != desired["metadata"]["annotations"][labels_.APPLIED_HASH]:
         return "updated"
     if not subset(desired, live):
         return "repaired"
@@ -125,11 +114,11 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
             if message:
                 termination = str(message).strip()
                 break
-    component = labels.get("app.kubernetes.io/component", "")
+    component = labels.get(labels_.COMPONENT, "")
     return PodView(
         name=meta.get("name", ""),
-        role=labels.get(LABEL_ROLE) or component,
-        generation=labels.get(LABEL_CONFIG_HASH),
+        role=labels.get(labels_.ROLE) or component,
+        generation=labels.get(labels_.CONFIG_HASH),
         ready=ready,
         ip=st.get("podIP"),
         terminating=bool(meta.get("deletionTimestamp")),
@@ -200,7 +189,7 @@ def _desired_from_live(children: Mapping[tuple[str, str], Mapping[str, Any]]) ->
     out: dict[str, int] = {}
     for (kind, _), obj in children.items():
         labels = (obj.get("metadata") or {}).get("labels") or {}
-        component = labels.get("app.kubernetes.io/component")
+        component = labels.get(labels_.COMPONENT)
         if kind in ("StatefulSet", "Deployment") and component in ("prefill", "decode", "router"):
             out[component] = int((obj.get("spec") or {}).get("replicas") or 0)
     return out
@@ -227,15 +216,15 @@ def reconcile(
     if meta.get("deletionTimestamp"):
         return out  # the garbage collector removes the children through their ownerReferences
     uid = meta.get("uid")
-    labels = instance_labels(name)
+    labels = labels_.instance(name)
     previous = _previous_status(body)
 
     children: dict[tuple[str, str], dict[str, Any]] = {}
-    for api_version, kind in CHILD_KINDS:
-        for obj in kube.list(api_version, kind, namespace, labels):
+    for child in kinds.CHILDREN:
+        for obj in kube.list(child.api_version, child.kind, namespace, labels):
             if owned_by(obj, uid):
                 children[_key(obj)] = obj
-    pods = [pod_view(p) for p in kube.list("v1", "Pod", namespace, labels)]
+    pods = [pod_view(p) for p in kube.list(kinds.POD.api_version, kinds.POD.kind, namespace, labels)]
 
     try:
         target: Target | None = load_target(body, namespace)
@@ -371,4 +360,4 @@ def _transition_events(before: DisaggregatedInferenceStatus, after: Disaggregate
             out.events.append(Event("Warning", c.reason, c.message))
 
 
-__all__ = ["MANAGER", "Event", "Outcome", "needs_apply", "reconcile", "subset"]
+__all__ = ["Event", "Outcome", "needs_apply", "reconcile", "subset"]

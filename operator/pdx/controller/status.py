@@ -14,18 +14,9 @@ from typing import Literal
 
 from pdx.controller.rollout import PodView, in_rollout, pairs
 from pdx.render.meta import ROLES
-from pdx.spec import Condition, DisaggregatedInferenceStatus, ReuseStatus, RoleStatus
+from pdx.spec import CONDITIONS, Condition, DisaggregatedInferenceStatus, ReuseStatus, RoleStatus
 
-CONDITION_TYPES = (
-    "Ready",
-    "PrefillAvailable",
-    "DecodeAvailable",
-    "RouterAvailable",
-    "Progressing",
-    "Degraded",
-    "InvalidSpec",
-    "EFAAvailable",
-)
+CONDITION_TYPES = tuple(CONDITIONS)
 
 # First word of the termination message the serving image's entrypoint writes when it
 # refuses to start without EFA (rather than let NIXL fall back to TCP silently).

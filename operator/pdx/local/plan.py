@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pdx import labels as labels_
 from pdx.podenv import command_line, expand, resolve_env
 from pdx.render.engines import ENGINE_ENTRYPOINT, HOST_ENV, PORT_ENV
-from pdx.render.meta import LABEL_CONFIG_HASH, LABEL_ROLE
 from pdx.render.router import CONFIG_FILE, ENDPOINTS_FILE
 from pdx_contract.router_config import RouterConfig
 
@@ -128,12 +128,12 @@ def engine_process(sts: Mapping[str, Any], ordinal: int, ports: Ports, layout: L
     argv = [map_paths(a, mounts) for a in argv]
     return LocalProcess(
         name=pod,
-        role=labels[LABEL_ROLE],
+        role=labels[labels_.ROLE],
         argv=argv,
         env={**env, **OFFLINE_ENV},
         port=ports.http,
         health_path="/health",
-        generation=labels.get(LABEL_CONFIG_HASH),
+        generation=labels.get(labels_.CONFIG_HASH),
     )
 
 

@@ -10,6 +10,7 @@ import json
 import math
 from typing import Any
 
+from pdx import labels
 from pdx.render import meta
 from pdx.render.meta import HTTP_PORT, Role
 from pdx.resource import Target
@@ -216,11 +217,11 @@ def engine_pod_spec(target: Target, role: Role) -> dict[str, Any]:
 
 def engine_statefulset(target: Target, role: Role, config_hash: str) -> dict[str, Any]:
     name = meta.engine_name(target, role)
-    pod_labels = {**meta.labels(target, role), meta.LABEL_CONFIG_HASH: config_hash}
+    pod_labels = {**meta.labels(target, role), labels.CONFIG_HASH: config_hash}
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": meta.metadata(target, name, role, annotations={meta.LABEL_CONFIG_HASH: config_hash}),
+        "metadata": meta.metadata(target, name, role, annotations={labels.CONFIG_HASH: config_hash}),
         "spec": {
             "serviceName": name,
             "replicas": target.spec.role(role).replicas,

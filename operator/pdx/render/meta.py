@@ -6,17 +6,13 @@ import hashlib
 import json
 from typing import Any, Literal
 
+from pdx import labels as labels_
 from pdx.resource import Target
 from pdx.spec import API_VERSION, KIND
 
 Role = Literal["prefill", "decode"]
 ROLES: tuple[Role, Role] = ("prefill", "decode")
 
-MANAGER = "pdx-operator"
-LABEL_ROLE = "pdx.dev/role"
-LABEL_ENGINE = "pdx.dev/engine"
-LABEL_CONFIG_HASH = "pdx.dev/config-hash"
-ANNOTATION_ROUTER_CONFIG = "pdx.dev/router-config-hash"
 
 HTTP_PORT = 8000
 
@@ -40,22 +36,18 @@ def config_hash(target: Target) -> str:
 
 
 def selector(target: Target, component: str) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": "pdx",
-        "app.kubernetes.io/instance": target.name,
-        "app.kubernetes.io/component": component,
-    }
+    return {**labels_.instance(target.name), labels_.COMPONENT: component}
 
 
 def labels(target: Target, component: str) -> dict[str, str]:
     out = {
         **selector(target, component),
-        "app.kubernetes.io/part-of": "pdx",
-        "app.kubernetes.io/managed-by": MANAGER,
+        labels_.PART_OF: labels_.APP,
+        labels_.MANAGED_BY: labels_.MANAGER,
     }
     if component in ROLES:
-        out[LABEL_ROLE] = component
-        out[LABEL_ENGINE] = "true"
+        out[labels_.ROLE] = component
+        out[labels_.ENGINE] = "true"
     return out
 
 

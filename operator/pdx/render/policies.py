@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pdx import labels
 from pdx.render import meta
 from pdx.render.meta import HTTP_PORT, ROLES
 from pdx.resource import Target
@@ -12,9 +13,8 @@ from pdx.resource import Target
 def _engines(target: Target) -> dict[str, Any]:
     return {
         "matchLabels": {
-            "app.kubernetes.io/instance": target.name,
-            "app.kubernetes.io/name": "pdx",
-            meta.LABEL_ENGINE: "true",
+            **labels.instance(target.name),
+            labels.ENGINE: "true",
         }
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pdx import labels
 from pdx.render import meta
 from pdx.render.meta import HTTP_PORT, Role
 from pdx.resource import Target
@@ -136,7 +137,7 @@ def router_deployment(target: Target, config_hash: str) -> dict[str, Any]:
                 "metadata": {
                     "labels": meta.labels(target, "router"),
                     # A changed config (TTL, generation) rolls the router.
-                    "annotations": {meta.ANNOTATION_ROUTER_CONFIG: config_digest},
+                    "annotations": {labels.ROUTER_CONFIG_HASH: config_digest},
                 },
                 "spec": pod,
             },
