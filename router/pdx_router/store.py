@@ -102,8 +102,5 @@ class RedisStore:
         await self._redis.zremrangebyscore(self._index, "-inf", time.time())
         return int(await self._redis.zcard(self._index))
 
-    async def ping(self) -> bool:
-        return bool(await self._redis.ping())
-
     async def close(self) -> None:
         await self._redis.aclose()
