@@ -1,13 +1,13 @@
 """The HTTP server: OpenAI front, the prefill -> decode flow, retry without reuse.
 
-Decisions come from policy.py; this module only moves bytes, measures and records.
+Every decision comes from the policy package; this module only moves bytes, measures and
+records.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -20,27 +20,21 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from . import policy
-from .chat_tokens import ChatTokenizer, TextPrefix, Trust
+from .chat_tokens import ChatTokenizer, TextPrefix
 from .config import RouterConfig
 from .discovery import Discovery, Pool
 from .endpoints import Endpoint
-from .entries import Entry
+from .entries import Captured, Entry
 from .metrics import Metrics
-from .policy import Outcome
+from .policy import Outcome, engines, retry, reuse, shapes
+from .policy.retry import Attempt, Hop, Retry
+from .policy.reuse import IdsSource, PromptIds, TurnPlan
+from .policy.shapes import ClientRequest
+from .policy.trust import TokenizerTrust
 from .store import MemoryStore, RedisStore, Store
-from .upstream import (
-    Captured,
-    ClientFacingError,
-    StreamFilter,
-    Upstream,
-    UpstreamError,
-    filter_response,
-)
+from .upstream import ClientFacingError, StreamFilter, Upstream, UpstreamError, filter_response
 
 log = logging.getLogger("pdx_router")
-
-CONFIG: web.AppKey[RouterConfig] = web.AppKey("config", RouterConfig)
 
 
 def make_store(cfg: RouterConfig) -> Store:
@@ -50,53 +44,25 @@ def make_store(cfg: RouterConfig) -> Store:
     return MemoryStore(cfg.max_entries)
 
 
-def tenant_of(headers: Any, tenant_header: str | None) -> str:
-    """The tenant an entry belongs to: a configured header, else a hash of the API key."""
-    if tenant_header:
-        return str(headers.get(tenant_header, ""))
-    auth = headers.get("Authorization")
-    return hashlib.sha256(auth.encode()).hexdigest()[:32] if auth else ""
+@dataclass(frozen=True)
+class Prefilled:
+    """What happened up to decode: the try that got through prefill, and how long it took.
+    The relay, the log line and the store read it."""
 
-
-def entry_key(tenant: str, conversation: str) -> str:
-    """Tenant-scoped store key; hashed so ids of any length or charset are safe in Redis."""
-    return hashlib.sha256(f"{tenant}\x00{conversation}".encode()).hexdigest()
-
-
-@dataclass
-class Turn:
-    """Per-request state threaded through the flow."""
-
-    path: str
-    is_chat: bool
-    body: dict[str, Any]
-    stream: bool
-    client_wants_ids: bool
-    capture: bool
-    key: str | None
-    headers: dict[str, str]
-    started: float
-    outcome: Outcome = Outcome.NONE
-    reused_tokens: int = 0
-    prefill_ms: float = 0.0
-    compared_ids: list[int] | None = None  # the prompt ids reuse was planned on (HIT turns)
-    local_ids: bool = False  # ...and they came from the router's own tokenizer
-    text: str | None = None  # the chat prompt as the router's tokenizer renders it
+    attempt: Attempt  # its outcome is the turn's
+    prefill_ms: float
+    started: float  # perf_counter() when the request arrived
 
 
 class NoEngines(Exception):
     pass
 
 
-# Whole prompts the router's tokenizer must get right before its ids replace /tokenize.
-PROBATION_TURNS = 8
-
-
 class Router:
     def __init__(self, cfg: RouterConfig, store: Store | None = None) -> None:
         self.cfg = cfg
         self.chat_tokens = ChatTokenizer.from_dir(cfg.tokenizer) if cfg.tokenizer else None
-        self.trust = Trust(PROBATION_TURNS)
+        self.trust = TokenizerTrust()
         self.pool = Pool()
         self.upstream = Upstream(cfg.upstream_timeout_seconds)
         self.store = store if store is not None else make_store(cfg)
@@ -120,7 +86,7 @@ class Router:
         return web.json_response({"status": "ok"})
 
     async def ready(self, _req: web.Request) -> web.Response:
-        gen = policy.choose_generation(self.pool.endpoints, self.cfg.generation)
+        gen = engines.choose_generation(self.pool.endpoints, self.cfg.generation)
         if gen is None:
             return web.json_response({"ready": False, "reason": "no healthy P/D pair"}, status=503)
         return web.json_response({"ready": True, "generation": gen})
@@ -158,31 +124,15 @@ class Router:
             return _error(400, "request body is not valid JSON")
         if not isinstance(body, dict):
             return _error(400, "request body must be a JSON object")
-        conversation = body.get("conversation_id") or req.headers.get("X-Session-ID")
-        body, wants_ids = policy.clean_client_body(body)
-        key = None
-        if conversation:
-            key = entry_key(tenant_of(req.headers, self.cfg.tenant_header), str(conversation))
-        headers = {"Authorization": req.headers["Authorization"]} if "Authorization" in req.headers else {}
-        turn = Turn(
-            path=path,
-            is_chat=is_chat,
-            body=body,
-            stream=bool(body.get("stream")),
-            client_wants_ids=wants_ids,
-            capture=key is not None and body.get("n", 1) in (1, None),
-            key=key,
-            headers=headers,
-            started=started,
-        )
+        ask = shapes.client_request(body, req.headers, path, is_chat, self.cfg.tenant_header)
         try:
             try:
-                return await self._serve(req, turn)
+                return await self._serve(req, ask, started)
             except NoEngines:
                 # An engine may have come back since the last periodic check: look once now
                 # rather than fail a client for up to a health-check interval.
                 await self.discovery.check_all()
-                return await self._serve(req, turn)
+                return await self._serve(req, ask, started)
         except NoEngines:
             return _error(503, "no healthy prefill/decode pair of one generation")
         except ClientFacingError as exc:
@@ -192,131 +142,123 @@ class Router:
             return _error(502, f"engine failed: {exc}")
 
     def _generation(self) -> str:
-        gen = policy.choose_generation(self.pool.endpoints, self.cfg.generation)
+        gen = engines.choose_generation(self.pool.endpoints, self.cfg.generation)
         if gen is None:
             raise NoEngines
         return gen
 
-    async def _plan(
-        self, turn: Turn, gen: str, prefill: Endpoint
-    ) -> tuple[Entry | None, policy.ReusePlan, list[int] | None]:
-        """Take the conversation's entry and decide on reuse (tokenizing only if needed)."""
-        assert turn.key is not None
-        entry = await self.store.take(turn.key)
+    async def _plan(self, ask: ClientRequest, gen: str, prefill: Endpoint) -> TurnPlan:
+        """Take the conversation's entry and plan the turn on it (tokenizing only if needed)."""
+        assert ask.key is not None
+        entry = await self.store.take(ask.key)
         now = time.time()
         if entry is not None:
             self.metrics.inter_turn_gap(now - entry.stored_at)
-        reason = policy.check_entry(entry, now, self.pool.endpoints, gen)
-        if reason is not None or entry is None:
-            return entry, policy.ReusePlan(reason or Outcome.MISS), None
-        ids = None if turn.is_chat else policy.prompt_ids_of_completion(turn.body)
-        if ids is None and turn.is_chat and self.chat_tokens is not None and self.trust.trusted:
-            turn.text = self.chat_tokens.render(turn.body)
-            if turn.text is not None:
-                ids = self.chat_tokens.resume(turn.text, entry.prefix, entry.token_ids)
-                turn.local_ids = ids is not None
-                if turn.local_ids:
-                    self.metrics.prompt_ids_from("local")
-        if ids is None:
-            ids = await self._tokenize(prefill, turn)
-        if ids is None:
-            return entry, policy.ReusePlan(Outcome.PREFIX_MISMATCH), None
-        return entry, policy.plan_reuse(entry, ids, self.cfg.kv_recompute_threshold), ids
+        blocked = reuse.check_entry(entry, now, self.pool.endpoints, gen)
+        if blocked is not None or entry is None:
+            return reuse.no_reuse(entry, blocked or Outcome.MISS)
+        prompt = await self._prompt_ids(ask, entry, prefill)
+        return reuse.plan_turn(entry, prompt, self.cfg.kv_recompute_threshold)
 
-    async def _tokenize(self, prefill: Endpoint, turn: Turn) -> list[int] | None:
+    async def _prompt_ids(self, ask: ClientRequest, entry: Entry, prefill: Endpoint) -> PromptIds:
+        """The new prompt's ids from the first source that has them: the request itself, the
+        router's tokenizer (trusted, resuming from the entry's head), else /tokenize."""
+        if not ask.is_chat and (ids := reuse.prompt_ids_of_completion(ask.body)) is not None:
+            return PromptIds(ids, IdsSource.REQUEST)
+        text = None
+        if ask.is_chat and self.chat_tokens is not None and self.trust.trusted:
+            text = self.chat_tokens.render(ask.body)
+            if text is not None and (ids := self.chat_tokens.resume(text, entry.prefix, entry.token_ids)) is not None:
+                self.metrics.prompt_ids_from(IdsSource.LOCAL)
+                return PromptIds(ids, IdsSource.LOCAL, text)
+        ids = await self._tokenize(prefill, ask)
+        return PromptIds(ids, IdsSource.ENGINE if ids is not None else None, text)
+
+    async def _tokenize(self, prefill: Endpoint, ask: ClientRequest) -> list[int] | None:
         """The prompt's ids from the engine, rendered with the request's template arguments."""
-        tok = policy.tokenize_body(turn.body, turn.is_chat, turn.body.get("model"))
+        tok = shapes.tokenize_body(ask.body, ask.is_chat, ask.body.get("model"))
         if tok is None:
             return None
         try:
-            answer = await self.upstream.post_json(prefill, "/tokenize", tok, turn.headers)
+            answer = await self.upstream.post_json(prefill, "/tokenize", tok, ask.headers)
         except (UpstreamError, ClientFacingError) as exc:
             log.warning("tokenize failed, no reuse this turn: %s", exc)
             return None
         tokens = answer.get("tokens")
         if not isinstance(tokens, list):
             return None
-        self.metrics.prompt_ids_from("engine")
+        self.metrics.prompt_ids_from(IdsSource.ENGINE)
         return tokens
 
-    async def _serve(self, req: web.Request, turn: Turn) -> web.StreamResponse:
+    async def _serve(self, req: web.Request, ask: ClientRequest, started: float) -> web.StreamResponse:
         gen = self._generation()
-        prefill = policy.choose_prefill(self.pool.endpoints, gen)
+        prefill = engines.choose_prefill(self.pool.endpoints, gen)
         assert prefill is not None
-        entry: Entry | None = None
-        plan = policy.ReusePlan(Outcome.NONE)
-        ids: list[int] | None = None
-        if turn.key is not None:
-            entry, plan, ids = await self._plan(turn, gen, prefill)
-        turn.outcome = plan.outcome
-        affinity = entry.decode_url if entry is not None else None
-
-        for attempt in (0, 1):
-            reuse = plan.outcome is Outcome.HIT and attempt == 0
-            if attempt:
+        plan = await self._plan(ask, gen, prefill) if ask.key is not None else reuse.NO_CONVERSATION
+        attempt = retry.first_attempt(plan)
+        while True:
+            if attempt.retried:
                 gen = self._generation()
-                prefill = policy.choose_prefill(self.pool.endpoints, gen) or prefill
-            decode = policy.choose_decode(self.pool.endpoints, gen, affinity)
+                prefill = engines.choose_prefill(self.pool.endpoints, gen) or prefill
+            decode = engines.choose_decode(self.pool.endpoints, gen, attempt.affinity)
             if decode is None:
                 raise NoEngines
-            ppath, pbody = policy.prefill_request(turn.body, turn.is_chat, turn.path, plan.kv if reuse else None, ids)
-            turn.compared_ids = ids if reuse else None
+            ppath, pbody = shapes.prefill_request(ask, attempt.kv, attempt.compared_ids)
             _log_hop("to prefill", prefill, pbody.get("kv_transfer_params"))
             t0 = time.perf_counter()
             try:
-                answer = await self._call(prefill, ppath, turn, pbody)
+                answer = await self._call(prefill, ppath, ask, pbody)
             except UpstreamError as exc:
-                self.metrics.upstream_errors.labels("prefill").inc()
-                if attempt == 0 and (reuse or exc.status is None):
-                    if exc.status is None:
-                        prefill.healthy = False
-                    if reuse:
-                        # Declined or failed read of decode's blocks: never the client's
-                        # problem. Retry this turn as plain P/D.
-                        turn.outcome = Outcome.DECLINED
-                        log.info("reuse declined by %s (%s); retrying without reuse", prefill.url, exc.status)
-                    continue
-                raise
-            turn.prefill_ms = (time.perf_counter() - t0) * 1000
-            self.metrics.prefill.observe(turn.prefill_ms / 1000)
-            turn.reused_tokens = plan.tokens if reuse else 0
+                again = self._after_failure(attempt, Hop.PREFILL, prefill, exc)
+                if again is None:
+                    raise
+                attempt = again.attempt
+                continue
+            done = Prefilled(attempt, (time.perf_counter() - t0) * 1000, started)
+            self.metrics.prefill.observe(done.prefill_ms / 1000)
             pkv = answer.get("kv_transfer_params")
-            dbody = policy.decode_body(turn.body, pkv if isinstance(pkv, dict) else None, want_token_ids=turn.capture)
-            if reuse and ids is not None and not turn.is_chat:
-                dbody = policy.pin_completion_prompt(dbody, ids)
+            dbody = shapes.decode_request(ask, pkv if isinstance(pkv, dict) else None, attempt.compared_ids)
             _log_hop("to decode", decode, dbody.get("kv_transfer_params"))
             try:
-                return await self._decode(req, turn, decode, dbody)
+                return await self._decode(req, ask, done, decode, dbody)
             except UpstreamError as exc:
-                self.metrics.upstream_errors.labels("decode").inc()
-                if attempt == 0 and exc.status is None:
-                    decode.healthy = False
-                    affinity = None
-                    if reuse:
-                        turn.outcome = Outcome.EXPIRED
-                    continue
-                raise
-        raise AssertionError("unreachable")
+                again = self._after_failure(attempt, Hop.DECODE, decode, exc)
+                if again is None:
+                    raise
+                attempt = again.attempt
 
-    async def _call(self, ep: Endpoint, path: str, turn: Turn, body: dict[str, Any]) -> dict[str, Any]:
+    def _after_failure(self, attempt: Attempt, hop: Hop, ep: Endpoint, exc: UpstreamError) -> Retry | None:
+        """Count the failure and apply retry's decision to the engine's health."""
+        self.metrics.upstream_errors.labels(hop.value).inc()
+        again = retry.after_failure(attempt, hop, exc.status)
+        if again is not None:
+            if again.unreachable:
+                ep.healthy = False
+            if hop is Hop.PREFILL and attempt.reuse:
+                log.info("reuse declined by %s (%s); retrying without reuse", ep.url, exc.status)
+        return again
+
+    async def _call(self, ep: Endpoint, path: str, ask: ClientRequest, body: dict[str, Any]) -> dict[str, Any]:
         ep.outstanding += 1
         try:
-            return await self.upstream.post_json(ep, path, body, turn.headers)
+            return await self.upstream.post_json(ep, path, body, ask.headers)
         finally:
             ep.outstanding -= 1
 
-    def _pdx_headers(self, turn: Turn) -> dict[str, str]:
+    def _pdx_headers(self, done: Prefilled) -> dict[str, str]:
         return {
-            "X-PDX-Prefill-Ms": f"{turn.prefill_ms:.1f}",
-            "X-PDX-Reuse": turn.outcome.value,
-            "X-PDX-Reused-Tokens": str(turn.reused_tokens),
+            "X-PDX-Prefill-Ms": f"{done.prefill_ms:.1f}",
+            "X-PDX-Reuse": done.attempt.outcome.value,
+            "X-PDX-Reused-Tokens": str(done.attempt.reused_tokens),
         }
 
-    async def _decode(self, req: web.Request, turn: Turn, decode: Endpoint, body: dict[str, Any]) -> web.StreamResponse:
+    async def _decode(
+        self, req: web.Request, ask: ClientRequest, done: Prefilled, decode: Endpoint, body: dict[str, Any]
+    ) -> web.StreamResponse:
         decode.outstanding += 1
         try:
             try:
-                ctx = self.upstream.open(decode, turn.path, body, turn.headers)
+                ctx = self.upstream.open(decode, ask.path, body, ask.headers)
                 resp = await ctx.__aenter__()
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise UpstreamError(decode, None, repr(exc)) from exc
@@ -326,30 +268,30 @@ class Router:
                     if resp.status >= 500:
                         raise UpstreamError(decode, resp.status, raw[:300].decode(errors="replace"))
                     raise ClientFacingError(resp.status, raw, resp.content_type)
-                if turn.stream:
-                    out = await self._relay_stream(req, turn, resp, decode)
+                if ask.stream:
+                    out = await self._relay_stream(req, ask, done, resp, decode)
                 else:
-                    out = await self._relay_json(req, turn, resp, decode)
+                    out = await self._relay_json(req, ask, done, resp, decode)
             finally:
                 await ctx.__aexit__(None, None, None)
         finally:
             decode.outstanding -= 1
-        self._finish(turn)
+        self._finish(done)
         return out
 
     async def _relay_stream(
-        self, req: web.Request, turn: Turn, resp: aiohttp.ClientResponse, decode: Endpoint
+        self, req: web.Request, ask: ClientRequest, done: Prefilled, resp: aiohttp.ClientResponse, decode: Endpoint
     ) -> web.StreamResponse:
         out = _EventStream(
             headers={
                 "Content-Type": "text/event-stream",
                 "Cache-Control": "no-cache",
-                **self._pdx_headers(turn),
+                **self._pdx_headers(done),
             }
         )
         await out.prepare(req)
-        filt = StreamFilter(capture=turn.capture, strip_ids=not turn.client_wants_ids)
-        passthrough = not turn.capture and turn.client_wants_ids
+        filt = StreamFilter(capture=ask.capture, strip_ids=not ask.wants_ids)
+        passthrough = not ask.capture and ask.wants_ids
         first, stored = True, False
 
         async def store_once_captured() -> None:
@@ -358,7 +300,7 @@ class Router:
             nonlocal stored
             if not stored and filt.captured.kv is not None:
                 stored = True
-                await self._store_entry(turn, decode, filt.captured)
+                await self._store_entry(ask, done, decode, filt.captured)
 
         try:
             # Whole socket reads, not lines: each client write is a chunked-encoding frame and
@@ -372,7 +314,7 @@ class Router:
                 await out.write(block)
                 if first and b"data: " in block:
                     first = False
-                    self.metrics.ttft.observe(time.perf_counter() - turn.started)
+                    self.metrics.ttft.observe(time.perf_counter() - done.started)
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("decode stream broke: %r", exc)
             filt.captured.kv = None  # incomplete turn: do not store
@@ -383,63 +325,55 @@ class Router:
         return out
 
     async def _relay_json(
-        self, req: web.Request, turn: Turn, resp: aiohttp.ClientResponse, decode: Endpoint
+        self, req: web.Request, ask: ClientRequest, done: Prefilled, resp: aiohttp.ClientResponse, decode: Endpoint
     ) -> web.StreamResponse:
         try:
             data = orjson.loads(await resp.read())
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
             raise UpstreamError(Endpoint(str(resp.url), "decode", ""), None, repr(exc)) from exc
-        cap = filter_response(data, turn.capture, strip_ids=not turn.client_wants_ids)
-        self.metrics.ttft.observe(time.perf_counter() - turn.started)
-        await self._store_entry(turn, decode, cap)  # the answer leaves after the handler returns
-        out = web.Response(body=orjson.dumps(data), content_type="application/json", headers=self._pdx_headers(turn))
-        return out
+        cap = filter_response(data, ask.capture, strip_ids=not ask.wants_ids)
+        self.metrics.ttft.observe(time.perf_counter() - done.started)
+        await self._store_entry(ask, done, decode, cap)  # the answer leaves after the handler returns
+        return web.Response(body=orjson.dumps(data), content_type="application/json", headers=self._pdx_headers(done))
 
-    def _finish(self, turn: Turn) -> None:
+    def _finish(self, done: Prefilled) -> None:
         """Record the turn and log the line the seed's data collection reads."""
-        self.metrics.outcome(turn.outcome, turn.reused_tokens)
+        self.metrics.outcome(done.attempt.outcome, done.attempt.reused_tokens)
         log.info(
             "Prefill done in %.0fms reuse=%s reused_tokens=%d total=%.0fms",
-            turn.prefill_ms,
-            turn.outcome.value,
-            turn.reused_tokens,
-            (time.perf_counter() - turn.started) * 1000,
+            done.prefill_ms,
+            done.attempt.outcome.value,
+            done.attempt.reused_tokens,
+            (time.perf_counter() - done.started) * 1000,
         )
 
-    async def _store_entry(self, turn: Turn, decode: Endpoint, cap: Captured) -> None:
+    async def _store_entry(self, ask: ClientRequest, done: Prefilled, decode: Endpoint, cap: Captured) -> None:
         """Keep what decode holds for this conversation's next turn."""
         _log_hop("from decode", decode, cap.kv)
-        if turn.key is None or not turn.capture or cap.choices > 1:
+        if ask.key is None or not ask.capture:
             return
-        if not policy.prompt_ids_agree(turn.compared_ids, cap.prompt_ids):
-            # The reuse decision was made on ids the engine did not use (/tokenize missed a
-            # template argument, or the router's tokenizer rendered differently). Keep nothing,
-            # so the conversation's next turn cannot build on it.
+        plan = done.attempt.plan
+        kept = reuse.after_turn(cap, done.attempt.compared_ids, decode, time.time(), self.cfg.conversation_ttl_seconds)
+        if kept.mismatch:
             self.metrics.tokenize_mismatched()
-            source = "the router's tokenizer" if turn.local_ids else "/tokenize"
+            source = "the router's tokenizer" if plan.local_ids else "/tokenize"
             log.warning("prompt ids from %s differ from those decode used; entry dropped", source)
-            if turn.local_ids:
+            if plan.local_ids:
                 self._distrust()
             return
-        entry = policy.make_entry(
-            cap.kv,
-            cap.prompt_ids,
-            cap.output_ids,
-            decode,
-            time.time(),
-            self.cfg.conversation_ttl_seconds,
-        )
-        if entry is not None:
-            prefix = await self._prefix_for_next_turn(turn, cap.prompt_ids)
-            await self._put(turn.key, replace(entry, prefix=prefix) if prefix is not None else entry)
+        if kept.entry is not None:
+            prefix = await self._prefix_for_next_turn(ask, plan.text, cap.prompt_ids)
+            await self._put(ask.key, replace(kept.entry, prefix=prefix) if prefix is not None else kept.entry)
 
-    async def _prefix_for_next_turn(self, turn: Turn, prompt_ids: list[int] | None) -> TextPrefix | None:
+    async def _prefix_for_next_turn(
+        self, ask: ClientRequest, text: str | None, prompt_ids: list[int] | None
+    ) -> TextPrefix | None:
         """Where the router's tokenizer can resume next turn; on probation, first check it
         tokenizes this whole prompt exactly as the engine did."""
         tok = self.chat_tokens
-        if tok is None or self.trust.off or not turn.is_chat or not prompt_ids:
+        if tok is None or self.trust.off or not ask.is_chat or not prompt_ids:
             return None
-        text = turn.text if turn.text is not None else tok.render(turn.body)
+        text = text if text is not None else tok.render(ask.body)
         if text is None:
             return None
         if not self.trust.trusted:
@@ -447,7 +381,8 @@ class Router:
             if await asyncio.to_thread(tok.encode_in_thread, text) != prompt_ids:
                 self._distrust()
                 return None
-            self.trust.record(True)
+            # The state after the await: another turn may have changed it meanwhile.
+            self.trust = self.trust.after_match()
             if self.trust.trusted:
                 log.info("the router's tokenizer matched the engine on %d prompts: using it", self.trust.agreed)
         return tok.prefix_of(text, prompt_ids)
@@ -455,7 +390,7 @@ class Router:
     def _distrust(self) -> None:
         if not self.trust.off:
             log.error("the router's tokenizer disagrees with the engine's: /tokenize from now on")
-        self.trust.record(False)
+        self.trust = self.trust.after_mismatch()
 
     async def _put(self, key: str, entry: Entry) -> None:
         try:
@@ -503,7 +438,6 @@ def build_app(cfg: RouterConfig, store: Store | None = None) -> web.Application:
     """An aiohttp app; the request-size limit makes aiohttp answer 413 by itself."""
     router = Router(cfg, store)
     app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[count_requests])
-    app[CONFIG] = cfg
     app[ROUTER] = router
     app.on_startup.append(router.start)
     app.on_cleanup.append(router.stop)

@@ -8,7 +8,7 @@ by a digest of its rendered text; if the template re-rendered it differently (a 
 reasoning block, an edited message), the digest differs and the engine tokenizes instead.
 
 The router renders the chat template itself, so its ids can only be trusted once they have
-agreed with the engine's: see `Trust`.
+agreed with the engine's: see `policy.trust`.
 """
 
 from __future__ import annotations
@@ -182,31 +182,3 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):  # {"content": "<s>", ...} in older tokenizer configs
         value = value.get("content")
     return value if isinstance(value, str) else None
-
-
-class Trust:
-    """Whether the router's own ids may stand in for the engine's.
-
-    On probation it tokenizes whole prompts and compares with the engine's ids; after
-    `needed` agreements in a row it is trusted. One disagreement, ever, turns it off for the
-    life of the process (the engine tokenizes from then on).
-    """
-
-    def __init__(self, needed: int) -> None:
-        self.needed = needed
-        self.agreed = 0
-        self.off = False
-
-    @property
-    def trusted(self) -> bool:
-        return not self.off and self.agreed >= self.needed
-
-    @property
-    def state(self) -> str:
-        return "disabled" if self.off else "trusted" if self.trusted else "probation"
-
-    def record(self, agree: bool) -> None:
-        if not agree:
-            self.off = True
-        elif not self.off:
-            self.agreed += 1

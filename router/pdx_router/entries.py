@@ -60,3 +60,14 @@ class Entry:
             block_size=raw.get("b"),
             prefix=TextPrefix.from_json(raw.get("p")),
         )
+
+
+@dataclass
+class Captured:
+    """What the router learns from decode's answer to build the next entry (filled in by
+    upstream's filters as the answer passes)."""
+
+    prompt_ids: list[int] | None = None
+    output_ids: list[int] | None = None
+    kv: dict[str, Any] | None = None
+    choices: int = 0

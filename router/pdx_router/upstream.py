@@ -8,13 +8,13 @@ quotes are escaped), and only a chunk carrying kv_transfer_params is parsed and 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import orjson
 
 from .endpoints import Endpoint
+from .entries import Captured
 
 _JSON = {"Content-Type": "application/json"}
 _KV_MARK = b'"kv_transfer_params":'
@@ -28,8 +28,7 @@ class UpstreamError(Exception):
     def __init__(self, endpoint: Endpoint, status: int | None, detail: str) -> None:
         super().__init__(f"{endpoint.role} {endpoint.url}: {status or 'connection'}: {detail}")
         self.endpoint = endpoint
-        self.status = status
-        self.detail = detail
+        self.status = status  # None: the engine could not be reached (or its answer was cut)
 
 
 class ClientFacingError(Exception):
@@ -40,17 +39,6 @@ class ClientFacingError(Exception):
         self.status = status
         self.body = body
         self.content_type = content_type
-
-
-@dataclass
-class Captured:
-    """What the router learns from decode's answer to build the next entry."""
-
-    prompt_ids: list[int] | None = None
-    output_ids: list[int] | None = None
-    kv: dict[str, Any] | None = None
-    choices: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _cut_field(data: bytes, name: bytes) -> tuple[bytes, list[list[int]]]:

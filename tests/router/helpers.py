@@ -7,6 +7,9 @@ from typing import Any
 import aiohttp
 import orjson
 
+from pdx_router.endpoints import Endpoint, Role
+from pdx_router.entries import Entry
+
 
 async def chat(
     http: aiohttp.ClientSession,
@@ -51,3 +54,24 @@ def assistant(text: str) -> dict[str, str]:
 
 
 LONG = " ".join(f"word{i}" for i in range(80))
+
+
+def ep(role: Role, url: str, gen: str = "g1", healthy: bool = True, load: int = 0) -> Endpoint:
+    """An engine as discovery would list it."""
+    return Endpoint(url=url, role=role, generation=gen, healthy=healthy, outstanding=load)
+
+
+def entry(tokens: list[int], blocks: int, block_size: int | None = 4, deadline: float = 100.0) -> Entry:
+    """A stored entry: decode holds `tokens` in `blocks` blocks of one KV cache group."""
+    kv = {
+        "do_remote_prefill": False,
+        "do_remote_decode": True,
+        "remote_block_ids": [list(range(10, 10 + blocks))],
+        "remote_engine_id": "decode-0",
+        "remote_request_id": "r",
+        "remote_host": "10.0.0.2",
+        "remote_port": 5700,
+        "remote_num_tokens": len(tokens),
+        "remote_blocks_expiry_time": 9.0,
+    }
+    return Entry(kv, tokens, "http://d0", "g1", 0.0, deadline, block_size)

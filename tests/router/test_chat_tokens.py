@@ -6,14 +6,15 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from pdx.localmodel import build_local_model
-from pdx_router.chat_tokens import ChatTokenizer, TextPrefix, Trust
+from pdx_router.chat_tokens import ChatTokenizer, TextPrefix
 from pdx_router.config import ConfigError
 from pdx_router.testing.fake_engine import Cluster
 
-from .conftest import StackFactory
+from .conftest import Stack, StackFactory
 from .helpers import LONG, assistant, chat, user
 
 
@@ -95,19 +96,7 @@ def test_a_directory_without_a_tokenizer_is_a_config_error_naming_the_field(tmp_
         ChatTokenizer.from_dir(tmp_path)
 
 
-def test_trust_needs_agreements_in_a_row_and_one_disagreement_ends_it() -> None:
-    t = Trust(2)
-    assert t.state == "probation"
-    t.record(True)
-    assert not t.trusted
-    t.record(True)
-    assert t.trusted and t.state == "trusted"
-    t.record(False)
-    t.record(True)
-    assert not t.trusted and t.state == "disabled"
-
-
-async def _converse(s, http, turns: int) -> list[str]:  # type: ignore[no-untyped-def]
+async def _converse(s: Stack, http: aiohttp.ClientSession, turns: int) -> list[str]:
     msgs = [user(LONG)]
     outcomes = []
     for i in range(turns):
@@ -119,7 +108,7 @@ async def _converse(s, http, turns: int) -> list[str]:  # type: ignore[no-untype
 
 
 async def test_once_trusted_reused_turns_need_no_tokenize_call(
-    make_stack: StackFactory, http, tok: ChatTokenizer, model_dir: Path
+    make_stack: StackFactory, http: aiohttp.ClientSession, tok: ChatTokenizer, model_dir: Path
 ) -> None:
     s = await make_stack(cluster=Cluster(chat_tokens=tok), tokenizer=str(model_dir))
     outcomes = await _converse(s, http, 12)
@@ -136,7 +125,7 @@ async def test_once_trusted_reused_turns_need_no_tokenize_call(
 
 
 async def test_a_tokenizer_that_renders_unlike_the_engine_is_never_used(
-    make_stack: StackFactory, http, tok: ChatTokenizer, model_dir: Path
+    make_stack: StackFactory, http: aiohttp.ClientSession, tok: ChatTokenizer, model_dir: Path
 ) -> None:
     # The engine's template puts a blank line after each message; the router's does not.
     engine_tok = ChatTokenizer(tok.tokenizer, tok.template_source.replace("'\\n' }}", "'\\n\\n' }}"), tok.specials)

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import aiohttp
 import orjson
+import pytest
 
-from pdx_router.policy import FRESH_PREFILL_KV
+from pdx_router.policy.shapes import FRESH_PREFILL_KV
 
 from .conftest import StackFactory
 from .helpers import LONG, assistant, chat, stream_text, user
 
 
-async def test_first_turn_is_plain_pd_with_fresh_prefill_params(make_stack: StackFactory, http) -> None:
+async def test_first_turn_is_plain_pd_with_fresh_prefill_params(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
     s = await make_stack()
     status, headers, data = await chat(http, s.url, [user(LONG)])
     assert status == 200
@@ -29,7 +32,7 @@ async def test_first_turn_is_plain_pd_with_fresh_prefill_params(make_stack: Stac
     assert "prompt_token_ids" not in data and "token_ids" not in data["choices"][0]
 
 
-async def test_second_turn_reuses_decode_blocks_exactly(make_stack: StackFactory, http) -> None:
+async def test_second_turn_reuses_decode_blocks_exactly(make_stack: StackFactory, http: aiohttp.ClientSession) -> None:
     s = await make_stack()
     msgs = [user(LONG)]
     _, _, data = await chat(http, s.url, msgs)
@@ -48,7 +51,9 @@ async def test_second_turn_reuses_decode_blocks_exactly(make_stack: StackFactory
     assert stats["interTurnGapSeconds"]["count"] == 1
 
 
-async def test_streamed_turns_strip_internals_and_still_reuse(make_stack: StackFactory, http) -> None:
+async def test_streamed_turns_strip_internals_and_still_reuse(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
     s = await make_stack()
     msgs = [user(LONG)]
     status, headers, lines = await chat(http, s.url, msgs, stream=True)
@@ -63,7 +68,7 @@ async def test_streamed_turns_strip_internals_and_still_reuse(make_stack: StackF
     assert all(r.correct for r in s.cluster.reads) and s.cluster.reads
 
 
-async def test_client_asking_for_token_ids_keeps_them(make_stack: StackFactory, http) -> None:
+async def test_client_asking_for_token_ids_keeps_them(make_stack: StackFactory, http: aiohttp.ClientSession) -> None:
     s = await make_stack()
     _, _, data = await chat(http, s.url, [user(LONG)], return_token_ids=True)
     assert data["prompt_token_ids"] and data["choices"][0]["token_ids"]
@@ -74,7 +79,7 @@ async def test_client_asking_for_token_ids_keeps_them(make_stack: StackFactory, 
 
 
 async def test_a_reused_chat_turn_prefills_the_compared_ids_and_decode_renders_the_chat(
-    make_stack: StackFactory, http
+    make_stack: StackFactory, http: aiohttp.ClientSession
 ) -> None:
     """Prefill gets the ids the prefix check used (no second render and tokenization there);
     decode gets the chat, and no ids in kv_transfer_params, which vLLM would ignore."""
@@ -96,7 +101,9 @@ async def test_a_reused_chat_turn_prefills_the_compared_ids_and_decode_renders_t
     assert s.cluster.reads[-1].correct
 
 
-async def test_a_reused_chat_turn_with_tools_prefills_as_chat(make_stack: StackFactory, http) -> None:
+async def test_a_reused_chat_turn_with_tools_prefills_as_chat(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
     """Tools may render differently under engine flags the router cannot see: prefill renders
     the chat itself, as decode will."""
     s = await make_stack()
@@ -111,7 +118,9 @@ async def test_a_reused_chat_turn_with_tools_prefills_as_chat(make_stack: StackF
     assert s.cluster.reads[-1].correct
 
 
-async def test_tokenize_disagreeing_with_the_chat_render_drops_the_entry(make_stack: StackFactory, http) -> None:
+async def test_tokenize_disagreeing_with_the_chat_render_drops_the_entry(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
     s = await make_stack(prefill_opts={"tokenize_differs": True})
     msgs = [user(LONG)]
     outcomes = []
@@ -128,7 +137,9 @@ async def test_tokenize_disagreeing_with_the_chat_render_drops_the_entry(make_st
     assert stats["tokenizeMismatch"] == 1
 
 
-async def test_completions_endpoint_reuses_with_token_prompt(make_stack: StackFactory, http) -> None:
+async def test_completions_endpoint_reuses_with_token_prompt(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
     s = await make_stack()
     body = {"model": "Qwen", "prompt": LONG, "conversation_id": "k", "max_tokens": 8}
     async with http.post(s.url + "/v1/completions", json=body) as r:
@@ -145,7 +156,7 @@ async def test_completions_endpoint_reuses_with_token_prompt(make_stack: StackFa
     assert s.decode.requests[-1][1]["prompt"] == s.prefill.requests[-1][1]["prompt"]
 
 
-async def test_no_conversation_id_means_no_store(make_stack: StackFactory, http) -> None:
+async def test_no_conversation_id_means_no_store(make_stack: StackFactory, http: aiohttp.ClientSession) -> None:
     s = await make_stack()
     _, headers, _ = await chat(http, s.url, [user(LONG)], conversation=None)
     assert headers["X-PDX-Reuse"] == "none"
@@ -154,7 +165,7 @@ async def test_no_conversation_id_means_no_store(make_stack: StackFactory, http)
     assert stats["entries"] == 0
 
 
-async def test_session_header_names_the_conversation(make_stack: StackFactory, http) -> None:
+async def test_session_header_names_the_conversation(make_stack: StackFactory, http: aiohttp.ClientSession) -> None:
     s = await make_stack()
     msgs = [user(LONG)]
     _, _, data = await chat(http, s.url, msgs, conversation=None, headers={"X-Session-ID": "s9"})
@@ -163,7 +174,9 @@ async def test_session_header_names_the_conversation(make_stack: StackFactory, h
     assert headers["X-PDX-Reuse"] == "hit"
 
 
-async def test_the_next_turn_sent_the_moment_a_stream_ends_finds_the_entry(make_stack: StackFactory, http) -> None:
+async def test_the_next_turn_sent_the_moment_a_stream_ends_finds_the_entry(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
     """An agent sends turn N+1 as soon as it reads [DONE]; the entry must be stored before that."""
     import asyncio
 
@@ -186,7 +199,9 @@ async def test_the_next_turn_sent_the_moment_a_stream_ends_finds_the_entry(make_
     assert headers["X-PDX-Reuse"] == "hit"
 
 
-async def test_debug_log_shows_each_hops_kv_transfer_params(make_stack: StackFactory, http, caplog) -> None:
+async def test_debug_log_shows_each_hops_kv_transfer_params(
+    make_stack: StackFactory, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level("DEBUG", logger="pdx_router")
     s = await make_stack()
     msgs = [user(LONG)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import aiohttp
 import pytest
 
 from pdx_router.chat_tokens import TextPrefix
@@ -17,8 +18,10 @@ from .helpers import LONG, assistant, chat, user
 pytestmark = pytest.mark.redis
 
 
-async def test_second_turn_on_another_router_reuses_the_entry(make_stack: StackFactory, http, redis_url: str) -> None:
-    s = await make_stack(routers=2, store=StoreConfig("redis", redis_url, "pdx-test-a:"))
+async def test_second_turn_on_another_router_reuses_the_entry(
+    make_stack: StackFactory, http: aiohttp.ClientSession, redis_url: str
+) -> None:
+    s = await make_stack(routers=2, store=StoreConfig(kind="redis", url=redis_url, key_prefix="pdx-test-a:"))
     msgs = [user(LONG)]
     _, h1, data = await chat(http, s.router_urls[0], msgs)
     assert h1["X-PDX-Reuse"] == "miss"

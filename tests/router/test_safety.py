@@ -22,7 +22,9 @@ EVIL = {
 }
 
 
-async def test_client_kv_transfer_params_are_dropped_on_every_hop(make_stack: StackFactory, http) -> None:
+async def test_client_kv_transfer_params_are_dropped_on_every_hop(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
     s = await make_stack()
     for conversation in (None, "c1"):
         status, _, _ = await chat(http, s.url, [user(LONG)], conversation=conversation, kv_transfer_params=EVIL)
@@ -34,7 +36,7 @@ async def test_client_kv_transfer_params_are_dropped_on_every_hop(make_stack: St
     assert s.cluster.reads == []
 
 
-async def test_tenant_cannot_reuse_another_tenants_entry(make_stack: StackFactory, http) -> None:
+async def test_tenant_cannot_reuse_another_tenants_entry(make_stack: StackFactory, http: aiohttp.ClientSession) -> None:
     s = await make_stack()
     a = {"Authorization": "Bearer key-a"}
     b = {"Authorization": "Bearer key-b"}
@@ -48,7 +50,9 @@ async def test_tenant_cannot_reuse_another_tenants_entry(make_stack: StackFactor
     assert headers_a["X-PDX-Reuse"] == "hit"
 
 
-async def test_tenant_header_scopes_entries_when_configured(make_stack: StackFactory, http) -> None:
+async def test_tenant_header_scopes_entries_when_configured(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
     s = await make_stack(tenant_header="X-Tenant")
     msgs = [user(LONG)]
     _, _, data = await chat(http, s.url, msgs, headers={"X-Tenant": "t1", "Authorization": "Bearer same"})
@@ -57,14 +61,14 @@ async def test_tenant_header_scopes_entries_when_configured(make_stack: StackFac
     assert h["X-PDX-Reuse"] == "miss"
 
 
-async def test_oversized_request_gets_413(make_stack: StackFactory, http) -> None:
+async def test_oversized_request_gets_413(make_stack: StackFactory, http: aiohttp.ClientSession) -> None:
     s = await make_stack(max_request_bytes=1024)
     status, _, _ = await chat(http, s.url, [user("x" * 4096)])
     assert status == 413
     assert s.prefill.requests == []
 
 
-async def test_bad_json_gets_400(make_stack: StackFactory, http) -> None:
+async def test_bad_json_gets_400(make_stack: StackFactory, http: aiohttp.ClientSession) -> None:
     s = await make_stack()
     async with http.post(s.url + "/v1/chat/completions", data=b"{nope") as r:
         assert r.status == 400

@@ -1,0 +1,29 @@
+"""Every routing decision, as pure functions of their inputs.
+
+Nothing in this package does I/O or reads the clock (callers pass `now`), so each decision is
+unit-testable on its own and app.py only moves bytes, measures and records:
+
+- `engines`: which generation, which prefill, which decode;
+- `reuse`: whether a turn reads decode's KV, how many tokens, and what is kept for the next;
+- `shapes`: the request each hop gets (client, prefill, decode, /tokenize);
+- `retry`: whether a failed hop is retried, and with what outcome;
+- `trust`: whether the router's own tokenizer's ids may replace the engine's.
+
+The outcome vocabulary they share lives here.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Outcome(StrEnum):
+    """What happened to reuse on one turn (the X-PDX-Reuse header and the counters)."""
+
+    NONE = "none"  # no conversation id: plain P/D
+    HIT = "hit"
+    MISS = "miss"  # conversation known to nobody: first turn, or entry evicted
+    EXPIRED = "expired"  # past the router's deadline, decode gone, or other generation
+    DECLINED = "declined"  # prefill refused the read (HTTP 5xx); turn retried without reuse
+    PREFIX_MISMATCH = "prefix_mismatch"  # history edited: common prefix below threshold
+    BELOW_THRESHOLD = "below_threshold"  # too few tokens to be worth a remote read
