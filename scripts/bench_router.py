@@ -198,7 +198,7 @@ def bench_tokenizer(root: Path) -> str:
     the fake engines stay cheap, and a real tokenizer.json that pdx-router loads as it would a model's."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-    from pdx.localmodel import CHAT_TEMPLATE
+    from pdx.local.localmodel import CHAT_TEMPLATE
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # <|im_end|> = 2, the fakes' EOS
     words = [*specials, "[UNK]", "user", "assistant", "system", "answer", "question"]

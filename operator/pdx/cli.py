@@ -1,30 +1,22 @@
-"""`pdx`: render manifests, write the CRD, run the topology locally, benchmark it."""
+"""The API's commands: render manifests, write the CRD, run the topology locally.
+
+The `pdx` command (pdx_cli) adds them beside the benchmark's; `python -m pdx` has these alone.
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from pdx.resource import SpecError, Target, load, manifest_documents
+from pdx.resource import SpecError, read_target
 
 EXIT_INVALID = 2
-
-
-def read_target(path: str) -> Target:
-    """Load one DisaggregatedInference from a YAML file (or `-` for stdin)."""
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    try:
-        docs = manifest_documents(text)  # a duplicate key is an error, as in kubectl
-    except yaml.YAMLError as err:
-        raise SpecError([f"{path}: not valid YAML: {err}"]) from None
-    if len(docs) != 1 or not isinstance(docs[0], dict):
-        raise SpecError([f"{path}: expected exactly one DisaggregatedInference document, found {len(docs)}"])
-    return load(docs[0])
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -48,25 +40,26 @@ def _crd(args: argparse.Namespace) -> int:
     return 0
 
 
-# Subcommands whose modules pull in heavy imports; each module offers add_parser(sub).
-_PLUGGED = {"local": "pdx.local.cli", "bench": "pdx_bench.cli"}
+def add_commands(sub: Any) -> None:
+    """render, crd and local, onto an argparse subparsers object."""
+    from pdx.local import cli as local_cli
 
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pdx", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("render", help="print the manifests of a DisaggregatedInference")
     r.add_argument("-f", "--file", required=True, help="CR YAML file, or - for stdin")
     r.set_defaults(run=_render)
     c = sub.add_parser("crd", help="print (or --write) the CustomResourceDefinition")
     c.add_argument("--write", nargs="?", const="-", help="write to crds/ (or the given path)")
     c.set_defaults(run=_crd)
-    for module in _PLUGGED.values():
-        try:
-            importlib.import_module(module).add_parser(sub)
-        except ModuleNotFoundError as err:
-            if err.name is None or not module.startswith(err.name):
-                raise  # a real missing dependency, not a subcommand absent from this install
+    local_cli.add_parser(sub)
+
+
+def parser(*more: Callable[[Any], None]) -> argparse.ArgumentParser:
+    """`pdx` with the API's commands, then each of `more` (an add_parser of another package)."""
+    p = argparse.ArgumentParser(prog="pdx", description="pdx: render manifests, write the CRD, run locally, benchmark.")
+    sub = p.add_subparsers(dest="command", required=True)
+    add_commands(sub)
+    for add in more:
+        add(sub)
     return p
 
 
@@ -75,8 +68,8 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+def main(argv: list[str] | None = None, *more: Callable[[Any], None]) -> None:
+    args = parser(*more).parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         code = args.run(args)

@@ -37,8 +37,8 @@ EFA_ENV: dict[str, str] = {
 
 
 # vLLM CPU engines with bidirectional transfer on a few cores: no torch.compile on the request
-# path, and no spinning where an idle engine would spin (pdx.nixl_progress, pdx.idle_wait,
-# pdx.shm_recheck; docs/engine-notes.md has what each one cost before).
+# path, and no spinning where an idle engine would spin (pdx_engine.nixl_progress, pdx_engine.idle_wait,
+# pdx_engine.shm_recheck; docs/engine-notes.md has what each one cost before).
 CPU_ENGINE_ENV: dict[str, str] = {
     "TORCHDYNAMO_DISABLE": "1",
     "PDX_NIXL_PROGRESS_DELAY_US": "1000",

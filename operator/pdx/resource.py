@@ -8,8 +8,10 @@ bad input the same way.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -146,3 +148,15 @@ def load(document: dict[str, Any], default_namespace: str = "default") -> Target
         uid=meta.get("uid"),
         generation=meta.get("generation"),
     )
+
+
+def read_target(path: str) -> Target:
+    """Load one DisaggregatedInference from a YAML file (or `-` for stdin)."""
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    try:
+        docs = manifest_documents(text)  # a duplicate key is an error, as in kubectl
+    except yaml.YAMLError as err:
+        raise SpecError([f"{path}: not valid YAML: {err}"]) from None
+    if len(docs) != 1 or not isinstance(docs[0], dict):
+        raise SpecError([f"{path}: expected exactly one DisaggregatedInference document, found {len(docs)}"])
+    return load(docs[0])

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import celpy
 from celpy.adapter import json_to_cel
 
 from pdx.profiles import PROFILES
-from pdx.spec import PREFILL_DECLINE_WINDOW_SECONDS
-
-if TYPE_CHECKING:
-    from pdx.spec import DisaggregatedInferenceSpec
+from pdx.protocol import PREFILL_DECLINE_WINDOW_SECONDS
 
 
 @dataclass(frozen=True)
@@ -179,8 +176,9 @@ def violations(document: dict[str, Any]) -> list[Rule]:
     return broken
 
 
-def check_spec(spec: DisaggregatedInferenceSpec) -> None:
-    """Raise ValueError naming every broken rule (pydantic turns it into a ValidationError)."""
-    broken = violations(spec.model_dump(by_alias=True, exclude_none=True, mode="json"))
+def check_document(spec: dict[str, Any]) -> None:
+    """Raise ValueError naming every rule the defaulted `spec` document breaks (the models'
+    validator: pydantic turns it into a ValidationError)."""
+    broken = violations(spec)
     if broken:
         raise ValueError("; ".join(f"spec.{r.field}: {r.message}" for r in broken))

@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from pdx.profiles import DEFAULT_INSTANCE_TYPE, PROFILES, InstanceProfile
+from pdx.protocol import PREFILL_DECLINE_WINDOW_SECONDS
+from pdx.rules import check_document
 
 GROUP = "inference.pdx.dev"
 VERSION = "v1alpha1"
@@ -23,9 +25,8 @@ SINGULAR = "disaggregatedinference"
 SHORT_NAMES = ["dinf"]
 API_VERSION = f"{GROUP}/{VERSION}"
 
-# Prefill declines a D->P read within 5 s of decode's expiry; the router's own deadline for
-# an entry must end before that, and by default keeps a wider safety margin.
-PREFILL_DECLINE_WINDOW_SECONDS = 5
+# The router's deadline for an entry ends before prefill would decline the read
+# (PREFILL_DECLINE_WINDOW_SECONDS), by default with a wider safety margin.
 ROUTER_TTL_MARGIN_SECONDS = 30
 
 # The status conditions, in the order status lists them, each with what True means. The
@@ -319,9 +320,7 @@ class DisaggregatedInferenceSpec(_Spec):
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> DisaggregatedInferenceSpec:
-        from pdx.rules import check_spec  # the CEL rules, evaluated on the same document
-
-        check_spec(self)
+        check_document(self.model_dump(by_alias=True, exclude_none=True, mode="json"))  # the CRD's CEL rules
         return self
 
     def role(self, name: Literal["prefill", "decode"]) -> RoleSpec:

@@ -37,7 +37,8 @@ pytestmark = pytest.mark.images
 
 UID = 65532  # the renderer's and the chart's runAsUser
 PACKAGES = {"pdx": ROOT / "operator" / "pdx", "pdx_contract": ROOT / "contract" / "pdx_contract",
-            "pdx_router": ROOT / "router" / "pdx_router", "pdx_bench": ROOT / "benchmark" / "pdx_bench"}  # fmt: skip
+            "pdx_engine": ROOT / "engine" / "pdx_engine", "pdx_router": ROOT / "router" / "pdx_router",
+            "pdx_bench": ROOT / "benchmark" / "pdx_bench", "pdx_cli": ROOT / "cli" / "pdx_cli"}  # fmt: skip
 NAMES = ("operator", "router")
 
 

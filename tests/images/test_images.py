@@ -84,7 +84,7 @@ def test_python_images_run_non_root_as_65532_from_this_source(image: str, entryp
     assert "USER 65532:65532" in final and "useradd --system --uid 65532" in final
     assert f"ENTRYPOINT {entrypoint}" in final
     assert "--requirement images/constraints.txt" in text and "pip check" in text
-    for source in ("operator", "contract", "router", "benchmark"):
+    for source in ("operator", "contract", "engine", "router", "benchmark", "cli"):
         assert f"COPY {source} {source}" in text
 
 

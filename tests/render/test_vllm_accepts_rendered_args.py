@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pdx.podenv import command_line, resolve_env
+from pdx.local.podenv import command_line, resolve_env
 from pdx.render import render
 from pdx.render.engines import ENGINE_ENTRYPOINT
 from pdx.resource import load

