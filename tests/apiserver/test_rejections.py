@@ -56,9 +56,9 @@ _TOKENIZER = (
 # case -> the comparison. Cases are those of tests/spec/test_validation.py, plus the two below.
 TABLE: dict[str, Row] = {
     "TTL below 1": Row(
-        "spec.kvTransfer.decoderKvBlocksTtlSeconds: Input should be greater than or equal to 1 (got 0)",
+        "spec.kvTransfer.decoderKvBlocksTtlSeconds: Input should be greater than or equal to 6 (got 0)",
         ("spec.kvTransfer.decoderKvBlocksTtlSeconds",
-         "Invalid value: 0: spec.kvTransfer.decoderKvBlocksTtlSeconds in body should be greater than or equal to 1"),
+         "Invalid value: 0: spec.kvTransfer.decoderKvBlocksTtlSeconds in body should be greater than or equal to 6"),
         WORDING,
     ),
     "negative threshold": Row(
