@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from pdx.localmodel import build_local_model
+from pdx.local.localmodel import build_local_model
 from pdx_router.chat_tokens import ChatTokenizer, TextPrefix
 from pdx_router.config import ConfigError
 from pdx_router.testing.fake_engine import Cluster
