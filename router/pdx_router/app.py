@@ -103,9 +103,8 @@ class Router:
 
     async def stats(self, _req: web.Request) -> web.Response:
         entries = await self.store.count()
-        stats = self.metrics.stats(entries)
-        stats["routerTokenizer"] = self.trust.state if self.chat_tokens is not None else "off"
-        return web.Response(body=orjson.dumps(stats), content_type="application/json")
+        stats = self.metrics.stats(entries, self.trust.state if self.chat_tokens is not None else "off")
+        return web.Response(body=orjson.dumps(stats.to_json()), content_type="application/json")
 
     # ------------------------------------------------------------ completions
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -103,8 +104,7 @@ class Metrics:
         self._gap_count += 1
         self._gap_max = max(self._gap_max, seconds)
 
-    def stats(self, entries: int) -> dict[str, object]:
-        """The wire form of RouterStats (app.py fills in routerTokenizer)."""
+    def stats(self, entries: int, router_tokenizer: Literal["off", "probation", "trusted", "disabled"]) -> RouterStats:
         gaps = sorted(self._gaps)
         return RouterStats(
             reuse=ReuseCounts(**self._counts),
@@ -115,7 +115,8 @@ class Metrics:
             inter_turn_gap_seconds=GapSummary(
                 count=self._gap_count, p50=_quantile(gaps, 0.5), p95=_quantile(gaps, 0.95), max=self._gap_max
             ),
-        ).to_json()
+            router_tokenizer=router_tokenizer,
+        )
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:

@@ -109,6 +109,6 @@ def test_the_routers_stats_are_the_document_the_operator_reads() -> None:
     metrics = Metrics()
     for outcome in (Outcome.HIT, Outcome.HIT, Outcome.MISS, Outcome.EXPIRED):
         metrics.outcome(outcome, tokens=10)
-    stats = RouterStats.model_validate(metrics.stats(entries=3))
+    stats = RouterStats.model_validate(metrics.stats(entries=3, router_tokenizer="trusted").to_json())
     assert (stats.reuse.hit, stats.reuse.miss, stats.reuse.expired, stats.reused_tokens) == (2, 1, 1, 40)
     assert {o.value for o in Outcome} - {"none"} == set(REUSE_OUTCOMES)

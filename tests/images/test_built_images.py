@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from pdx.local.topology import free_port
-from pdx.render import Endpoint, config_hash, render
+from pdx.render import config_hash, ready_engine, render
 from pdx.resource import load
 from pdx.spec import PLURAL
 from tests.images.buildah import ROOT, Image, container, run, run_argv
@@ -179,8 +179,8 @@ async def test_router_image_serves_a_streamed_conversation_with_reuse_on_turn_tw
     target = load(_seed(port))
     generation = config_hash(target)
     ready = [
-        Endpoint("prefill", f"{target.name}-prefill-0", "127.0.0.1", generation, port=prefill),
-        Endpoint("decode", f"{target.name}-decode-0", "127.0.0.1", generation, port=decode),
+        ready_engine("prefill", f"{target.name}-prefill-0", "127.0.0.1", generation, port=prefill),
+        ready_engine("decode", f"{target.name}-decode-0", "127.0.0.1", generation, port=decode),
     ]
     objects = render(target, ready)
     mounts = _mounted_configs(objects, tmp_path / "volumes")
