@@ -69,7 +69,7 @@ class ApiServer(kmock.KubernetesEmulator):
         if request.resource is not None and isinstance(request.data, list) and request.action == kmock.action.UPDATE:
             # kopf's JSON patches: a failed `test` (someone wrote since) is 422, as on a real
             # server, so kopf re-reads instead of retrying; then the version moves on.
-            key = (request.resource, request.namespace, request.name)
+            key = (request.resource, request.namespace, request.name or "")
             if key in self.objects and not self.objects[key].deleted:
                 current = self.objects[key].raw
                 for op in request.data:
@@ -77,7 +77,7 @@ class ApiServer(kmock.KubernetesEmulator):
                         raise kmock.KubernetesError(status=422, reason="Invalid", message=f"test failed: {op}")
             request.data.append({"op": "add", "path": "/metadata/resourceVersion", "value": self._next_version()})
         if request.resource is not None and isinstance(request.data, dict):
-            key = (request.resource, request.namespace, request.name)
+            key = (request.resource, request.namespace, request.name or "")
             exists = key in self.objects and not self.objects[key].deleted
             if request.action == kmock.action.UPDATE and exists:
                 request.data.setdefault("metadata", {})["resourceVersion"] = self._next_version()

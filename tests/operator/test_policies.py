@@ -186,6 +186,7 @@ def test_reuse_status_from_router_stats() -> None:
         "interTurnGapSeconds": {"count": 40, "p50": 20.0, "p95": 100.0, "max": 900.0},
     }
     r = advice.reuse_status(stats)
+    assert r is not None
     assert r.hits == 30 and r.expired == 6
     assert r.hit_rate == 0.75  # 30 of the 40 turns that had an entry; misses had none
     assert r.recommended_ttl_seconds == 150  # 100 * 1.1 + 30 = 140 -> 150
@@ -193,6 +194,7 @@ def test_reuse_status_from_router_stats() -> None:
 
 def test_reuse_status_tolerates_empty_stats() -> None:
     r = advice.reuse_status({})
+    assert r is not None
     assert r.hit_rate is None and r.hits == 0 and r.recommended_ttl_seconds is None
 
 
@@ -231,3 +233,7 @@ def test_pod_view_reads_the_last_termination_message() -> None:
     }
     view = pod_view(pod)
     assert (view.termination, view.waiting_reason) == ("EFAUnavailable: no efa provider", "CrashLoopBackOff")
+
+
+def test_reuse_status_is_none_for_an_answer_that_is_not_the_stats_document() -> None:
+    assert advice.reuse_status({"reuse": {"hit": "4"}}) is None  # a string is no count

@@ -44,7 +44,7 @@ EXPECTED = {
 
 
 async def run(kube: Kube, name: str = "demo", **kw: Any) -> Outcome:
-    out = await in_thread(reconcile, kube, NS, name, **kw)
+    out: Outcome | None = await in_thread(reconcile, kube, NS, name, **kw)
     assert out is not None
     return out
 
@@ -238,7 +238,11 @@ async def test_reuse_counters_reach_status_and_failures_do_not(api: ApiServer, k
         "reusedTokens": 10, "entries": 2, "interTurnGapSeconds": {"count": 50, "p50": 30.0, "p95": 600.0, "max": 700.0},
     }  # fmt: skip
     urls: list[str] = []
-    await run(kube, fetch_stats=lambda url: urls.append(url) or stats)
+    def fetch(url: str) -> dict[str, Any]:
+        urls.append(url)
+        return stats
+
+    await run(kube, fetch_stats=fetch)
     body = live(api, KIND, "demo")
     assert body is not None
     assert body["status"]["reuse"] == {"hitRate": 0.9, "hits": 9, "expired": 1, "recommendedTtlSeconds": 690}

@@ -6,6 +6,7 @@ import json
 import socket
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from pdx_contract.base import engine_url
@@ -30,7 +31,7 @@ def has_ipv6_loopback() -> bool:
 
 
 @pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback in this sandbox")
-async def test_ipv6_engine_urls_work_end_to_end(make_stack: StackFactory, http) -> None:
+async def test_ipv6_engine_urls_work_end_to_end(make_stack: StackFactory, http: aiohttp.ClientSession) -> None:
     s = await make_stack(host="::1")
     assert s.prefill_urls[0].startswith("http://[::1]:")
     status, headers, _ = await chat(http, s.url, [user(LONG)])
@@ -47,7 +48,9 @@ async def test_dns_resolution_gives_base_urls() -> None:
     assert set(urls) <= {"http://127.0.0.1:8000", "http://[::1]:8000"} and urls
 
 
-async def test_rollout_pairs_only_engines_of_one_generation(make_stack: StackFactory, http, tmp_path: Path) -> None:
+async def test_rollout_pairs_only_engines_of_one_generation(
+    make_stack: StackFactory, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
     old = await make_stack(generation="unused")
     new = await make_stack(cluster=old.cluster, generation="unused")
     path = tmp_path / "endpoints.json"
@@ -74,7 +77,7 @@ async def test_rollout_pairs_only_engines_of_one_generation(make_stack: StackFac
     assert ready.status == 200 and (await ready.json())["generation"] == "old"
 
 
-async def test_ready_is_503_without_a_healthy_pair(make_stack: StackFactory, http) -> None:
+async def test_ready_is_503_without_a_healthy_pair(make_stack: StackFactory, http: aiohttp.ClientSession) -> None:
     s = await make_stack()
     s.decode.healthy = False
     await s.router.discovery.check_all()
@@ -131,7 +134,7 @@ async def test_an_endpoints_file_with_engines_overrides_dns_so_generations_stay_
             "dns": {"prefill": "localhost", "decode": "localhost", "port": 9, "refreshSeconds": 60},
         }
     )
-    pool, upstream = Pool(), Upstream(cfg)
+    pool, upstream = Pool(), Upstream(cfg.upstream_timeout_seconds)
     discovery = Discovery(cfg, pool, upstream)
     try:
         await discovery.start()  # empty file: DNS is the fallback
@@ -154,7 +157,7 @@ async def test_an_endpoints_file_with_engines_overrides_dns_so_generations_stay_
 
 
 async def test_a_request_right_after_an_engine_recovers_is_served_without_waiting_for_the_next_check(
-    make_stack: StackFactory, http
+    make_stack: StackFactory, http: aiohttp.ClientSession
 ) -> None:
     s = await make_stack()
     s.decode.healthy = False
