@@ -73,6 +73,12 @@ NAME_RULE = {
 }
 
 W = PREFILL_DECLINE_WINDOW_SECONDS
+# kvTransfer.kvLeaseDurationSeconds has bounds (the schema's minimum/maximum) but no rule here: in
+# vLLM 0.32 it times only prefill's blocks of a finished prefill, held until decode's P->D read.
+# decoderKvBlocksTtlSeconds times other blocks (decode's, for the next turn's D->P read), fixed and
+# never renewed, and the router's entry deadline follows that TTL alone (pull_scheduler.request_finished
+# picks one or the other by role). Prefill and decode must agree on the lease (decode's heartbeat
+# interval against prefill's renewal), which one field rendered into both roles already ensures.
 RULES: tuple[Rule, ...] = (
     Rule(
         field="router.conversationTtlSeconds",

@@ -184,6 +184,17 @@ class RoleSpec(_Spec):
     """Health probe timing."""
 
 
+# kv_lease_duration (vLLM 0.32 nixl/base_scheduler.py, base_worker.py): decode heartbeats every
+# lease // 6 s, each renewal holds prefill's blocks lease * 2 // 3 s from its arrival.
+KV_LEASE_HEARTBEATS = 6
+# The smallest lease whose heartbeat interval is at least 1 s: below 6 it is 0 and decode sends
+# heartbeats on every engine step; at 1 a renewal adds 0 s, and at 0 prefill frees the blocks at once.
+MIN_KV_LEASE_SECONDS = KV_LEASE_HEARTBEATS
+# Only the lease frees the blocks of a request that no decode ever takes (heartbeats renew what a
+# decode still waits for): beyond an hour a longer lease is a leak, not a margin.
+MAX_KV_LEASE_SECONDS = 3600
+
+
 class KvTransferSpec(_Spec):
     """NixlConnector settings; rendered identically into both roles."""
 
@@ -194,6 +205,13 @@ class KvTransferSpec(_Spec):
     prefill declines a read within 5 s of expiry, so a shorter TTL could never be reused)."""
     kv_recompute_threshold: int = Field(default=64, ge=0)
     """kv_recompute_threshold: fewest reusable tokens worth a remote read instead of recompute."""
+    kv_lease_duration_seconds: int = Field(default=120, ge=MIN_KV_LEASE_SECONDS, le=MAX_KV_LEASE_SECONDS)
+    """kv_lease_duration: seconds prefill holds a finished prefill's blocks for decode to read (vLLM: 30).
+    Decode's heartbeats renew it (every 1/6 of it, by 2/3 of it), but only once decode's scheduler has the request.
+    Before that come prefill's answer, the router, decode's HTTP server and tokenizer, queues, a NIXL handshake.
+    They must fit in 2/3 of the lease: past it prefill reuses the blocks and decode reads wrong KV with no error.
+    30 s was too short under load (aws-samples/aws-do-eks#84: stale KV on 8 of 42 requests); 120 leaves them 80 s.
+    The cost: blocks that no decode takes stay held that long. At least 6 (a 1 s heartbeat), at most 3600."""
     backends: list[Literal["LIBFABRIC", "UCX"]] | None = Field(default=None, min_length=1)
     """NIXL backends; unset: LIBFABRIC where the node has EFA (UCX on EFA silently runs over TCP), else UCX."""
     kv_buffer_device: Literal["cuda", "cpu"] | None = None

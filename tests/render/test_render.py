@@ -59,6 +59,7 @@ def test_both_roles_get_the_same_kv_transfer_config_but_for_role_and_engine_id()
         "bidirectional_kv_xfer": True,
         "decoder_kv_blocks_ttl": 480,
         "kv_recompute_threshold": 64,
+        "kv_lease_duration": 120,
     }
     assert "kv_rank" not in prefill and "kv_parallel_size" not in prefill
 
@@ -74,6 +75,16 @@ def test_ttl_and_threshold_come_from_the_spec() -> None:
     router_cfg = json.loads(by_kind(render(t), "ConfigMap")["qwen3-32b-router"]["data"]["router.json"])
     assert router_cfg["conversationTtlSeconds"] == 870
     assert router_cfg["kvRecomputeThreshold"] == 256
+
+
+def test_the_lease_from_the_spec_is_rendered_on_both_roles() -> None:
+    sets = by_kind(render(target(spec__kvTransfer={"kvLeaseDurationSeconds": 300})), "StatefulSet")
+    leases = {
+        name: json.loads(container_arg(s, "--kv-transfer-config"))["kv_connector_extra_config"]["kv_lease_duration"]
+        for name, s in sets.items()
+    }
+    # prefill holds and renews its blocks by it, decode times its heartbeats by it: both must have it
+    assert leases == {"qwen3-32b-prefill": 300, "qwen3-32b-decode": 300}
 
 
 def test_engine_ids_are_unique_per_pod_and_side_channel_host_is_the_pod_ip() -> None:
@@ -126,9 +137,10 @@ def test_a_kv_edit_rolls_both_roles_to_one_new_hash_and_scaling_does_not() -> No
 
     before = hashes(target())
     after_ttl = hashes(target(spec__kvTransfer={"decoderKvBlocksTtlSeconds": 600}))
+    after_lease = hashes(target(spec__kvTransfer={"kvLeaseDurationSeconds": 60}))
     scaled = hashes(target(spec__decode={"replicas": 3, "tensorParallelSize": 8}))
-    assert len(before) == len(after_ttl) == 1
-    assert before != after_ttl
+    assert len(before) == len(after_ttl) == len(after_lease) == 1
+    assert len(before | after_ttl | after_lease) == 3
     assert scaled == before
 
 

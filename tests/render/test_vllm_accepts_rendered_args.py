@@ -44,6 +44,10 @@ def test_vllm_parses_rendered_serve_args_into_its_own_config_objects(path: Path,
     assert extra["decoder_kv_blocks_ttl"] == spec.kv_transfer.decoder_kv_blocks_ttl_seconds
     assert extra["kv_recompute_threshold"] == spec.kv_transfer.kv_recompute_threshold
     assert extra["bidirectional_kv_xfer"] is spec.kv_transfer.bidirectional
+    # read as NixlConnector reads it (nixl/base_scheduler.py, base_worker.py: default 30)
+    lease = kv.get_from_extra_config("kv_lease_duration", 30)
+    assert lease == spec.kv_transfer.kv_lease_duration_seconds
+    assert lease // 6 >= 1 and lease * 2 // 3 > lease // 6  # heartbeats at least 1 s apart, each renewing past the next
     assert engine_args.tensor_parallel_size == spec.role(role).tensor_parallel_size  # type: ignore[arg-type]
     assert engine_args.enable_prefix_caching is spec.prefix_caching(role)  # type: ignore[arg-type]
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.1.2.3"
@@ -55,3 +59,18 @@ def test_the_seed_articles_0_29_keys_would_be_rejected() -> None:
     argv[i] = argv[i].replace('"kv_connector":', '"kv_rank":0,"kv_parallel_size":2,"kv_connector":')
     with pytest.raises(VllmArgsError):
         parse_serve_args(argv)
+
+
+def test_the_lease_arithmetic_pdx_bounds_by_is_the_installed_vllms() -> None:
+    """MIN_KV_LEASE_SECONDS and the field's description assume these two lines of NixlConnector."""
+    import inspect
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_scheduler, base_worker
+
+    from pdx.spec import KV_LEASE_HEARTBEATS, MIN_KV_LEASE_SECONDS
+
+    scheduler = inspect.getsource(base_scheduler.NixlBaseConnectorScheduler.__init__)
+    worker = inspect.getsource(base_worker)
+    assert f"self._heartbeat_interval = self._kv_lease_duration // {KV_LEASE_HEARTBEATS}" in scheduler  # decode
+    assert "self._lease_extension = kv_lease_duration * 2 // 3" in worker  # prefill, per heartbeat
+    assert MIN_KV_LEASE_SECONDS // KV_LEASE_HEARTBEATS == 1

@@ -39,6 +39,9 @@ def kv_transfer_config(target: Target, role: Role) -> dict[str, Any]:
             "bidirectional_kv_xfer": kv.bidirectional,
             "decoder_kv_blocks_ttl": kv.decoder_kv_blocks_ttl_seconds,
             "kv_recompute_threshold": kv.kv_recompute_threshold,
+            # Both roles read it: prefill holds its blocks for it and renews them by 2/3 of its own
+            # value, decode heartbeats every 1/6 of its own. Equal values keep the two in step.
+            "kv_lease_duration": kv.kv_lease_duration_seconds,
         },
     }
 
