@@ -1,8 +1,9 @@
 """Talking to engines: one shared keep-alive session, and cheap surgery on stream chunks.
 
 Stream chunks are passed through as bytes. Only the fields the router itself asked for are
-cut out, by byte search (a structural `"token_ids":[` cannot occur inside a JSON string, where
-quotes are escaped), and only a chunk carrying kv_transfer_params is parsed and re-encoded.
+cut out: by byte search when the line is vLLM's compact JSON (a structural `"token_ids":[`
+cannot occur inside a JSON string, where quotes are escaped), else by parsing the line, so
+any valid JSON form (spaces, key order, escaped keys, other number forms) reads the same.
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ from .endpoints import Endpoint
 from .entries import Captured
 
 _JSON = {"Content-Type": "application/json"}
-_KV_MARK = b'"kv_transfer_params":'
-_ID_FIELDS = (b'"prompt_token_ids":', b'"token_ids":')
-_ANY_ID = b'token_ids":'  # a suffix of both id fields: one search rules both out
+# What a line must contain to be worth a look, in any JSON form: a field's bare name, or a
+# \u escape (a key may be spelled `"token\u005fids"`).
+_KV_NAME = b"kv_transfer_params"
+_ID_NAME = b"token_ids"  # in both id fields: one search rules both out
+_ESCAPE = b"\\u"
+_PROMPT = b'"prompt_'
+_INT_LIST = b"0123456789,[]"  # what a compact list of ints is made of
+_MISSING: Any = object()
 
 
 class UpstreamError(Exception):
@@ -41,119 +47,224 @@ class ClientFacingError(Exception):
         self.content_type = content_type
 
 
-def _cut_field(data: bytes, name: bytes) -> tuple[bytes, list[list[int]]]:
-    """Remove every `name: [ints]` / `name: null` member from a JSON object in bytes."""
-    found: list[list[int]] = []
-    start = 0
-    while True:
-        i = data.find(name, start)
-        if i < 0:
-            return data, found
-        j = i + len(name)
-        if data.startswith(b"null", j):
-            end = j + 4
-        elif data.startswith(b"[", j):
-            end = data.find(b"]", j) + 1
-            if end <= 0:
-                return data, found
-            found.append(orjson.loads(data[j:end]))
-        else:
-            start = j
-            continue
-        if data[i - 1 : i] == b",":
-            data = data[: i - 1] + data[end:]
-            start = i - 1
-        elif data[end : end + 1] == b",":
-            data = data[:i] + data[end + 1 :]
-            start = i
-        else:
-            data = data[:i] + data[end:]
-            start = i
+class _NotCompact(Exception):
+    """A line is not in the compact form the byte surgery knows: parse it instead."""
+
+
+def token_ids(value: Any) -> list[int] | None:
+    """An id list as JSON may spell it (`7`, `7.0`, `7e0`), or None if it is not one."""
+    if type(value) is not list:
+        return None
+    if all(type(x) is int for x in value):
+        return value
+    if all(type(x) is float and x.is_integer() for x in value if type(x) is not int):
+        return [int(x) for x in value]
+    return None
+
+
+def _json_start(line: bytes) -> int:
+    """Where the JSON object of an SSE `data:` line starts (after `data:`, one optional space
+    and any JSON whitespace), or -1 if the line is not such a line."""
+    if line.startswith(b"data: {"):
+        return 6
+    if not line.startswith(b"data:"):
+        return -1
+    i = 5
+    while line[i : i + 1] in (b" ", b"\t"):
+        i += 1
+    return i if line[i : i + 1] == b"{" else -1
+
+
+def _eol(line: bytes) -> bytes:
+    return line[len(line.rstrip(b"\r\n")) :]
 
 
 class StreamFilter:
-    """Rewrites decode's SSE lines for the client and captures token ids and kv params."""
+    """Rewrites decode's SSE lines for the client and captures token ids and kv params.
+
+    Lines in vLLM's compact JSON are cut as bytes: a `token_ids` occurrence that is exactly
+    a compact `{"token_ids":[..]` / `,"prompt_token_ids":null` member is a key (the quote before
+    it is unescaped and follows `{` or `,`, so it cannot sit inside a string). A line that
+    names a field in any other way (spaces, an escaped key, the name inside a string), or
+    carries kv_transfer_params, is parsed and re-encoded; a line naming neither passes as is.
+    """
 
     def __init__(self, capture: bool, strip_ids: bool) -> None:
         self.capture = capture
         self.strip_ids = strip_ids
         self.captured = Captured(output_ids=[] if capture else None)
+        self.broken = False  # a line could not be read: the turn must not be stored
+        self._ids = capture or strip_ids
         self._tail = b""
 
     def feed(self, data: bytes) -> bytes:
         """Filter whatever block the socket delivered, so the relay writes once per block
         rather than once per SSE line; an unterminated last line waits for the next block."""
         if self._tail:
-            data = self._tail + data
+            data, self._tail = self._tail + data, b""
         end = data.rfind(b"\n") + 1
-        self._tail = data[end:]
-        data = data[:end]
-        if _KV_MARK not in data and (_ANY_ID not in data or not (self.capture or self.strip_ids)):
+        if end < len(data):
+            cr = data.rfind(b"\r", end) + 1  # a line may end in a lone CR too
+            if cr > end:
+                end = cr
+            self._tail = data[end:]
+            data = data[:end]
+        slow = _KV_NAME in data or (b"\\" in data and _ESCAPE in data)
+        if not slow and (not self._ids or _ID_NAME not in data):
             return data
-        return b"".join([self.line(x) for x in data.splitlines(keepends=True)])
+        return b"".join([self._line(x, slow) for x in data.splitlines(keepends=True)])
 
     def flush(self) -> bytes:
         """The stream ended: filter an unterminated last line, or drop it if it is cut short
         JSON (then the turn is incomplete and must not be stored)."""
         tail, self._tail = self._tail, b""
-        if not tail:
-            return b""
-        try:
-            return self.line(tail)
-        except orjson.JSONDecodeError:
-            self.captured.kv = None
-            return b""
+        return self._line(tail, True) if tail else b""
 
     def line(self, line: bytes) -> bytes:
-        if not line.startswith(b"data: {"):
+        """One SSE line (with its line end)."""
+        return self._line(line, True)
+
+    def _line(self, line: bytes, slow: bool) -> bytes:
+        """slow=False: the block this line came from has neither kv_transfer_params nor an
+        escape, so the compact id path is the only one to try."""
+        start = _json_start(line)
+        if start < 0:
             return line
+        if not slow or (_KV_NAME not in line and (b"\\" not in line or _ESCAPE not in line)):
+            if not self._ids:
+                return line
+            try:
+                return self._compact(line)
+            except _NotCompact:
+                pass
+        try:
+            return self._parsed(line, start)
+        except orjson.JSONDecodeError:
+            self._break()
+            return b""
+
+    def _break(self) -> None:
+        self.broken = True
+        self.captured.kv = None
+
+    def _compact(self, line: bytes) -> bytes:
+        """The fast path: every `token_ids` in the line is a compact id member; cut (if asked)
+        and capture them as bytes. Raises _NotCompact for anything else."""
+        i = line.find(_ID_NAME)
+        if i < 0:
+            return line
+        prompt: list[int] | None = None
+        outs: list[list[int]] = []
+        pieces: list[bytes] = []
+        pos = 0
+        while i >= 0:
+            if line[i - 1] == 0x22:  # "
+                k, is_prompt = i - 1, False
+            elif line[i - 8 : i] == _PROMPT:
+                k, is_prompt = i - 8, True
+            else:
+                raise _NotCompact
+            j = i + 11  # token_ids":
+            if line[k - 1] not in (0x7B, 0x2C) or line[j - 2 : j] != b'":':  # { ,
+                raise _NotCompact
+            if line.startswith(b"null", j):
+                end = j + 4
+            elif line.startswith(b"[", j):
+                end = line.find(b"]", j) + 1
+                if end <= 0:
+                    raise _NotCompact
+                raw = line[j:end]
+                try:
+                    ids = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    raise _NotCompact from None
+                if raw.strip(_INT_LIST) and (ids := token_ids(ids)) is None:
+                    raise _NotCompact
+                if is_prompt:
+                    prompt = ids if prompt is None else prompt
+                else:
+                    outs.append(ids)
+            else:
+                raise _NotCompact
+            if self.strip_ids:
+                if line[k - 1] == 0x2C:
+                    pieces.append(line[pos : k - 1])
+                    pos = end
+                elif line[end : end + 1] == b",":
+                    pieces.append(line[pos:k])
+                    pos = end + 1
+                else:
+                    pieces.append(line[pos:k])
+                    pos = end
+            i = line.find(_ID_NAME, end)
+        self._capture(prompt, outs)
+        if not pieces:
+            return line
+        pieces.append(line[pos:])
+        return b"".join(pieces)
+
+    def _capture(self, prompt: list[int] | None, outs: list[list[int]]) -> None:
+        if not self.capture:
+            return
         cap = self.captured
-        if self.capture or self.strip_ids:
-            for name in _ID_FIELDS:
-                if name in line:
-                    if self.strip_ids:
-                        line, found = _cut_field(line, name)
-                    else:
-                        found = [orjson.loads(m.group(1)) for m in _id_re(name).finditer(line)]
-                    if self.capture and found:
-                        if name == b'"prompt_token_ids":':
-                            cap.prompt_ids = found[0]
-                        else:
-                            cap.choices = max(cap.choices, len(found))
-                            if cap.output_ids is not None:
-                                cap.output_ids.extend(found[0])
-        if _KV_MARK in line:
-            chunk = orjson.loads(line[6:])
-            kv = chunk.pop("kv_transfer_params", None)
-            if isinstance(kv, dict):
-                cap.kv = kv
-            line = b"data: " + orjson.dumps(chunk) + (b"\n" if line.endswith(b"\n") else b"")
-        return line
+        if prompt is not None:
+            cap.prompt_ids = prompt
+        if outs:
+            cap.choices = max(cap.choices, len(outs))
+            if cap.output_ids is not None:
+                cap.output_ids.extend(outs[0])
 
-
-_ID_RES: dict[bytes, re.Pattern[bytes]] = {}
-
-
-def _id_re(name: bytes) -> re.Pattern[bytes]:
-    pat = _ID_RES.get(name)
-    if pat is None:
-        pat = _ID_RES[name] = re.compile(re.escape(name) + rb"(\[[0-9,\s]*\])")
-    return pat
+    def _parsed(self, line: bytes, start: int) -> bytes:
+        """Any JSON form: parse, take the fields out, re-encode (compactly) if one was there."""
+        chunk = orjson.loads(line[start:])
+        if not isinstance(chunk, dict):
+            return line
+        changed = False
+        kv = chunk.pop("kv_transfer_params", _MISSING)
+        if kv is not _MISSING:
+            changed = True
+            if isinstance(kv, dict) and not self.broken:
+                self.captured.kv = kv
+        if self._ids:
+            prompt: list[int] | None = None
+            outs: list[list[int]] = []
+            choices = chunk.get("choices")
+            holders = [chunk, *(c for c in choices if isinstance(c, dict))] if isinstance(choices, list) else [chunk]
+            for holder in holders:
+                for name in ("prompt_token_ids", "token_ids"):
+                    value = holder.pop(name, _MISSING) if self.strip_ids else holder.get(name, _MISSING)
+                    if value is _MISSING:
+                        continue
+                    changed = changed or self.strip_ids
+                    if value is None:
+                        continue
+                    ids = token_ids(value)
+                    if ids is None:
+                        self._break()  # ids the router cannot read: the entry would be wrong
+                    elif name == "token_ids":
+                        outs.append(ids)
+                    elif prompt is None:
+                        prompt = ids
+            self._capture(prompt, outs)
+        if not changed:
+            return line
+        return line[:start] + orjson.dumps(chunk) + _eol(line)
 
 
 def filter_response(data: dict[str, Any], capture: bool, strip_ids: bool) -> Captured:
-    """Non-streamed decode answer: capture, then strip internals in place."""
+    """Non-streamed decode answer (already parsed, so any JSON form): capture, then strip
+    internals in place."""
     cap = Captured()
     kv = data.pop("kv_transfer_params", None)
     cap.kv = kv if isinstance(kv, dict) else None
     choices = data.get("choices") or []
     cap.choices = len(choices)
     prompt = data.get("prompt_token_ids")
-    if capture and choices:
+    if capture and choices and isinstance(choices[0], dict):
         first = choices[0]
         prompt = prompt if prompt is not None else first.get("prompt_token_ids")
-        cap.prompt_ids = prompt
-        cap.output_ids = first.get("token_ids")
+        cap.prompt_ids = token_ids(prompt)
+        cap.output_ids = token_ids(first.get("token_ids"))
     if strip_ids:
         data.pop("prompt_token_ids", None)
         for c in choices:
