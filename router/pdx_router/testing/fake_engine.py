@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -125,6 +126,9 @@ class EngineOptions:
     fail_reads: bool = False  # answer 500 to any D->P read (kv_load_failure_policy: fail)
     tokenize_differs: bool = False  # /tokenize renders unlike the chat endpoint
     decode_ttl: float = 480.0
+    # Answer JSON as a re-serializing proxy would: `"key" : value , ...` and \u escapes
+    # (valid JSON with the same content as vLLM's compact form).
+    spaced_json: bool = False
     side_channel_host: str = "127.0.0.1"
     side_channel_port: int = 5600
 
@@ -147,6 +151,14 @@ class FakeEngine:
         r.add_get("/metrics", self.metrics)
 
     # ------------------------------------------------------------ helpers
+
+    def dumps(self, obj: Any) -> bytes:
+        if self.opts.spaced_json:
+            return json.dumps(obj, separators=(" , ", " : ")).encode()
+        return orjson.dumps(obj)
+
+    def json_response(self, obj: Any, status: int = 200) -> web.Response:
+        return web.Response(body=self.dumps(obj), status=status, content_type="application/json")
 
     def prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
         """Like vLLM: chat always renders its messages (no way to pass ids); completions
@@ -200,7 +212,7 @@ class FakeEngine:
         ids = self.prompt_ids(body, "messages" in body)
         if self.opts.tokenize_differs and len(ids) > 1:
             ids = [*ids[:-2], ids[-1], ids[-2]]  # as if /tokenize missed a template argument
-        return web.json_response({"count": len(ids), "max_model_len": 32768, "tokens": ids})
+        return self.json_response({"count": len(ids), "max_model_len": 32768, "tokens": ids})
 
     async def chat(self, req: web.Request) -> web.StreamResponse:
         return await self._serve(req, True)
@@ -226,7 +238,7 @@ class FakeEngine:
         if read is not None:
             self.cluster.reads.append(read)
             if self.opts.fail_reads or read.reason == "expired":
-                return web.json_response({"error": {"message": "KV load failed", "code": 500}}, status=500)
+                return self.json_response({"error": {"message": "KV load failed", "code": 500}}, status=500)
         await asyncio.sleep(self.opts.prefill_delay)
         rid = f"cmpl-{self.opts.engine_id}-{next(self._ids)}"
         out_kv = {
@@ -245,10 +257,7 @@ class FakeEngine:
             "transfer_mode": "pull",
             "remote_prefill_cached_tokens": read.tokens if read and read.correct else 0,
         }
-        return web.Response(
-            body=orjson.dumps(self._full(rid, body, chat, prompt, [101], out_kv, "length")),
-            content_type="application/json",
-        )
+        return self.json_response(self._full(rid, body, chat, prompt, [101], out_kv, "length"))
 
     def _full(
         self,
@@ -341,10 +350,7 @@ class FakeEngine:
         if not body.get("stream"):
             await asyncio.sleep(self.opts.token_delay * (len(out) - 1))
             kv = self._hold(rid, prompt, out)
-            return web.Response(
-                body=orjson.dumps(self._full(rid, body, chat, prompt, out, kv, "stop")),
-                content_type="application/json",
-            )
+            return self.json_response(self._full(rid, body, chat, prompt, out, kv, "stop"))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(req)
         created = int(time.time())
@@ -354,7 +360,7 @@ class FakeEngine:
             c: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": body.get("model")}
             c["choices"] = [choice]
             c.update(extra)
-            return b"data: " + orjson.dumps(c) + b"\n\n"
+            return b"data: " + self.dumps(c) + b"\n\n"
 
         if chat:
             first: dict[str, Any] = {
