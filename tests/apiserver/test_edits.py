@@ -1,4 +1,4 @@
-"""Tuning TTL, threshold and bidirectional on the real server, as `kubectl edit` and
+"""Tuning TTL, threshold, lease and bidirectional on the real server, as `kubectl edit` and
 `kubectl apply --server-side` send it: the edit is stored, bumps the generation, reads back
 through pdx's models with the new values, and gives the engines a new config hash."""
 
@@ -16,7 +16,12 @@ from tests.apiserver.server import ROOT
 
 pytestmark = pytest.mark.apiserver
 
-EDIT = {"decoderKvBlocksTtlSeconds": 600, "kvRecomputeThreshold": 128, "bidirectional": False}
+EDIT = {
+    "decoderKvBlocksTtlSeconds": 600,
+    "kvRecomputeThreshold": 128,
+    "bidirectional": False,
+    "kvLeaseDurationSeconds": 300,
+}
 
 
 def seed(namespace: str) -> dict[str, Any]:
@@ -43,6 +48,10 @@ def test_kubectl_edit_of_ttl_threshold_and_bidirectional_round_trips(api: Api, n
     before, after = load(created), load(stored)
     assert after.spec.kv_transfer.decoder_kv_blocks_ttl_seconds == 600
     assert after.spec.kv_transfer.kv_recompute_threshold == 128 and after.spec.kv_transfer.bidirectional is False
+    assert (before.spec.kv_transfer.kv_lease_duration_seconds, after.spec.kv_transfer.kv_lease_duration_seconds) == (
+        120,
+        300,
+    )
     assert config_hash(after) != config_hash(before)
     # an editor session that read the old version is refused, not merged silently
     code, body = api.request("PUT", path, {**edited, "spec": created["spec"]}, params=STRICT)
@@ -81,7 +90,12 @@ def test_kubectl_apply_server_side_of_an_edited_manifest_round_trips(api: Api, n
     plain["spec"].pop("kvTransfer", None)
     code, reverted = api.apply(plain)
     assert code == 200, reverted
-    assert kv(reverted) == {"decoderKvBlocksTtlSeconds": 480, "kvRecomputeThreshold": 64, "bidirectional": True}
+    assert kv(reverted) == {
+        "decoderKvBlocksTtlSeconds": 480,
+        "kvRecomputeThreshold": 64,
+        "bidirectional": True,
+        "kvLeaseDurationSeconds": 120,
+    }
     assert api.get(path)["metadata"]["generation"] == 3
 
 

@@ -67,6 +67,18 @@ TABLE: dict[str, Row] = {
          "Invalid value: -1: spec.kvTransfer.kvRecomputeThreshold in body should be greater than or equal to 0"),
         WORDING,
     ),
+    "lease below a 1 s heartbeat": Row(
+        "spec.kvTransfer.kvLeaseDurationSeconds: Input should be greater than or equal to 6 (got 5)",
+        ("spec.kvTransfer.kvLeaseDurationSeconds",
+         "Invalid value: 5: spec.kvTransfer.kvLeaseDurationSeconds in body should be greater than or equal to 6"),
+        WORDING,
+    ),
+    "lease above an hour": Row(
+        "spec.kvTransfer.kvLeaseDurationSeconds: Input should be less than or equal to 3600 (got 3601)",
+        ("spec.kvTransfer.kvLeaseDurationSeconds",
+         "Invalid value: 3601: spec.kvTransfer.kvLeaseDurationSeconds in body should be less than or equal to 3600"),
+        WORDING,
+    ),
     "unknown backend": Row(
         "spec.kvTransfer.backends[0]: Input should be 'LIBFABRIC' or 'UCX' (got 'TCP')",
         ("spec.kvTransfer.backends[0]", 'Unsupported value: "TCP": supported values: "LIBFABRIC", "UCX"'),

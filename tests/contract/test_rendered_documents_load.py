@@ -11,6 +11,8 @@ import pytest
 import yaml
 
 from pdx.render import config_hash, ready_engine, render
+from pdx.render.engines import kv_transfer_config
+from pdx.render.meta import ROLES
 from pdx.resource import SpecError, load
 from pdx_contract.router_config import RouterConfig
 from pdx_contract.stats import REUSE_OUTCOMES, RouterStats
@@ -40,6 +42,8 @@ EDGES = {
     "minimal": MINIMAL,
     "smallest decoder TTL": _with(kvTransfer={"decoderKvBlocksTtlSeconds": 6}),
     "decoder TTL at the margin switch": _with(kvTransfer={"decoderKvBlocksTtlSeconds": 60}),
+    "smallest lease": _with(kvTransfer={"kvLeaseDurationSeconds": 6}),
+    "largest lease": _with(kvTransfer={"kvLeaseDurationSeconds": 3600}),
     "threshold 0": _with(kvTransfer={"kvRecomputeThreshold": 0}),
     "no bidirectional transfer": _with(kvTransfer={"bidirectional": False}),
     "smallest router TTL": _with(router={"conversationTtlSeconds": 1}),
@@ -70,6 +74,14 @@ def test_every_admitted_spec_renders_a_router_config_the_router_loads(doc: dict[
 
 
 @pytest.mark.parametrize("doc", CASES.values(), ids=CASES.keys())
+def test_every_admitted_spec_renders_one_lease_both_roles_can_renew(doc: dict[str, Any]) -> None:
+    leases = {kv_transfer_config(load(doc), role)["kv_connector_extra_config"]["kv_lease_duration"] for role in ROLES}
+    assert len(leases) == 1  # decode heartbeats by its value, prefill renews by its own
+    (lease,) = leases
+    assert lease // 6 >= 1  # NixlConnector's heartbeat interval: 0 would send one every engine step
+
+
+@pytest.mark.parametrize("doc", CASES.values(), ids=CASES.keys())
 def test_the_published_endpoints_load_in_the_router(doc: dict[str, Any], tmp_path: Path) -> None:
     target = load(doc)
     gen = config_hash(target)
@@ -89,6 +101,7 @@ def test_the_published_endpoints_load_in_the_router(doc: dict[str, Any], tmp_pat
         ({"kvTransfer": {"decoderKvBlocksTtlSeconds": 5}}, "spec.kvTransfer.decoderKvBlocksTtlSeconds"),
         ({"router": {"conversationTtlSeconds": 0}}, "spec.router.conversationTtlSeconds"),
         ({"kvTransfer": {"kvRecomputeThreshold": -1}}, "spec.kvTransfer.kvRecomputeThreshold"),
+        ({"kvTransfer": {"kvLeaseDurationSeconds": 5}}, "spec.kvTransfer.kvLeaseDurationSeconds"),
         ({"router": {"maxEntries": 0}}, "spec.router.maxEntries"),
         ({"router": {"port": 0}}, "spec.router.port"),
         ({"router": {"store": {"kind": "redis"}}}, "spec.router.store"),

@@ -31,6 +31,12 @@ def with_(patch: dict[str, Any]) -> dict[str, Any]:
 INVALID = [
     ("TTL below 1", {"kvTransfer.decoderKvBlocksTtlSeconds": 0}, "spec.kvTransfer.decoderKvBlocksTtlSeconds"),
     ("negative threshold", {"kvTransfer.kvRecomputeThreshold": -1}, "spec.kvTransfer.kvRecomputeThreshold"),
+    (
+        "lease below a 1 s heartbeat",
+        {"kvTransfer.kvLeaseDurationSeconds": 5},
+        "spec.kvTransfer.kvLeaseDurationSeconds",
+    ),
+    ("lease above an hour", {"kvTransfer.kvLeaseDurationSeconds": 3601}, "spec.kvTransfer.kvLeaseDurationSeconds"),
     ("unknown backend", {"kvTransfer.backends": ["TCP"]}, "spec.kvTransfer.backends[0]"),
     ("typo in a field name", {"kvTransfer.decoderTtl": 100}, "spec.kvTransfer.decoderTtl"),
     ("missing model", {"model": None}, "spec.model"),
@@ -96,6 +102,11 @@ VALID = [
     ("minimal", {}),
     ("xPyD with TP ratio 2", {"prefill.tensorParallelSize": 8, "decode.tensorParallelSize": 4}),
     ("router TTL at the limit", {"kvTransfer.decoderKvBlocksTtlSeconds": 100, "router.conversationTtlSeconds": 95}),
+    ("the shortest lease", {"kvTransfer.kvLeaseDurationSeconds": 6}),
+    (
+        "the longest lease, with the shortest decoder TTL",
+        {"kvTransfer.kvLeaseDurationSeconds": 3600, "kvTransfer.decoderKvBlocksTtlSeconds": 6},
+    ),
     (
         "unknown instance type with counts",
         {"placement": {"instanceType": "g6e.48xlarge", "gpusPerNode": 8, "efaDevicesPerNode": 0}},
@@ -136,3 +147,18 @@ def test_defaults_of_the_models_equal_the_crd_defaults() -> None:
 def test_router_ttl_defaults_to_decoder_ttl_minus_margin() -> None:
     assert parse_spec(BASE).router_ttl == 450
     assert parse_spec(with_({"kvTransfer.decoderKvBlocksTtlSeconds": 20})).router_ttl == 15
+
+
+def test_the_lease_defaults_to_four_times_vllms_and_is_independent_of_the_other_times() -> None:
+    spec = parse_spec(BASE)
+    assert spec.kv_transfer.kv_lease_duration_seconds == 120  # vLLM's own default is 30
+    # no rule ties it to the decoder TTL or the router's deadline (they time decode's blocks)
+    short = parse_spec(with_({"kvTransfer.kvLeaseDurationSeconds": 6, "kvTransfer.decoderKvBlocksTtlSeconds": 3600}))
+    assert short.router_ttl == 3570
+
+
+def test_the_lease_bound_messages_name_the_field_and_the_bound() -> None:
+    for value, bound in ((5, "greater than or equal to 6"), (3601, "less than or equal to 3600")):
+        with pytest.raises(SpecError) as err:
+            parse_spec(with_({"kvTransfer.kvLeaseDurationSeconds": value}))
+        assert err.value.problems == [f"spec.kvTransfer.kvLeaseDurationSeconds: Input should be {bound} (got {value})"]
