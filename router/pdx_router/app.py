@@ -289,8 +289,9 @@ class Router:
             }
         )
         await out.prepare(req)
+        # Always filtered, even when nothing is captured or stripped: decode's
+        # kv_transfer_params never reach a client (a block without them passes untouched).
         filt = StreamFilter(capture=ask.capture, strip_ids=not ask.wants_ids)
-        passthrough = not ask.capture and ask.wants_ids
         first, stored = True, False
 
         async def store_once_captured() -> None:
@@ -305,19 +306,18 @@ class Router:
             # Whole socket reads, not lines: each client write is a chunked-encoding frame and
             # a send(), which dominated the router's CPU when done per SSE line.
             async for block in resp.content.iter_any():
-                if not passthrough:
-                    block = filt.feed(block)
-                    await store_once_captured()
+                block = filt.feed(block)
+                await store_once_captured()
                 if not block:
                     continue
                 await out.write(block)
-                if first and b"data: " in block:
+                if first and b"data:" in block:  # the space after data: is optional
                     first = False
                     self.metrics.ttft.observe(time.perf_counter() - done.started)
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("decode stream broke: %r", exc)
             filt.captured.kv = None  # incomplete turn: do not store
-        if not passthrough and (rest := filt.flush()):
+        if rest := filt.flush():
             await store_once_captured()
             await out.write(rest)
         await out.write_eof()

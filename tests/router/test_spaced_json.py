@@ -106,3 +106,16 @@ async def test_spaced_engines_keep_the_ids_a_client_asked_for(
     body["messages"] = [user(LONG), assistant(_text(docs)), user("more")]
     headers, _ = await _post(http, s.url, "/v1/chat/completions", body)
     assert headers["X-PDX-Reuse"] == "hit"
+
+
+@pytest.mark.parametrize("spaced", [False, True], ids=["compact", "spaced"])
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_without_a_conversation_the_client_gets_its_ids_but_never_kv(
+    make_stack: StackFactory, http: aiohttp.ClientSession, stream: bool, spaced: bool
+) -> None:
+    opts = SPACED if spaced else {}
+    s = await make_stack(prefill_opts=opts, decode_opts=opts)
+    body: dict[str, Any] = {"model": "Qwen", "messages": [user(LONG)], "stream": stream, "return_token_ids": True}
+    _, docs = await _post(http, s.url, "/v1/chat/completions", body)
+    fields = _internals(docs)
+    assert "token_ids" in fields and "kv_transfer_params" not in fields
