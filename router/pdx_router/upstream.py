@@ -109,8 +109,9 @@ class StreamFilter:
                 end = cr
             self._tail = data[end:]
             data = data[:end]
-        slow = _KV_NAME in data or (b"\\" in data and _ESCAPE in data)
-        if not slow and (not self._ids or _ID_NAME not in data):
+        # find() rather than `in`: bytes.__contains__ first tries its argument as an int.
+        slow = data.find(_KV_NAME) >= 0 or (data.find(b"\\") >= 0 and data.find(_ESCAPE) >= 0)
+        if not slow and (not self._ids or data.find(_ID_NAME) < 0):
             return data
         return b"".join([self._line(x, slow) for x in data.splitlines(keepends=True)])
 
@@ -130,7 +131,7 @@ class StreamFilter:
         start = _json_start(line)
         if start < 0:
             return line
-        if not slow or (_KV_NAME not in line and (b"\\" not in line or _ESCAPE not in line)):
+        if not slow or (line.find(_KV_NAME) < 0 and (line.find(b"\\") < 0 or line.find(_ESCAPE) < 0)):
             if not self._ids:
                 return line
             try:
