@@ -10,7 +10,7 @@ PY=${PYTHON:-python3.11}
 pip=(.venv/bin/python -m pip install --quiet)
 "${pip[@]}" --upgrade pip
 "${pip[@]}" "torch==2.13.0+cpu"
-"${pip[@]}" "torch==2.13.0+cpu" -e ".[engine,test]"
+"${pip[@]}" "torch==2.13.0+cpu" -e ".[operator,router,bench,engine,test]"
 "${pip[@]}" --no-deps "nixl==1.5.1"
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 echo "pdx: .venv ready ($(.venv/bin/python -c 'import vllm; print("vllm", vllm.__version__)'))"

@@ -73,12 +73,11 @@ def test_installed_pdx_is_this_source_tree(image: Image) -> None:
     """Same version, and every module of the source tree installed (a subpackage once went
     missing from the wheel)."""
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    script = (
-        "import importlib, importlib.metadata as m, json, pathlib\n"
+    script = (  # find_spec, not import: each image carries the dependencies of its own program only
+        "import importlib.util, importlib.metadata as m, json, pathlib\n"
         f"names = {sorted(PACKAGES)!r}\n"
-        "mods = {n: sorted(str(p.relative_to(pathlib.Path(importlib.import_module(n).__file__).parent))\n"
-        "                  for p in pathlib.Path(importlib.import_module(n).__file__).parent.rglob('*.py'))\n"
-        "        for n in names}\n"
+        "dirs = {n: pathlib.Path(importlib.util.find_spec(n).submodule_search_locations[0]) for n in names}\n"
+        "mods = {n: sorted(str(p.relative_to(d)) for p in d.rglob('*.py')) for n, d in dirs.items()}\n"
         "print(json.dumps({'version': m.version('pdx'), 'modules': mods}))\n"
     )
     found = json.loads(_inside(image, script))
@@ -100,10 +99,16 @@ def test_final_stage_has_no_compilers_or_build_leftovers(image: Image) -> None:
     assert json.loads(_inside(image, script)) == {"tools": [], "left": []}
 
 
+# Each image holds its program's dependencies only (pdx[operator] / pdx[router]); measured at
+# 315 and 236 MB on the Debian base. The bound catches a build that swallows a cache or the
+# benchmark's plotting stack.
+SIZE_BOUND_MB = {"operator": 400, "router": 300}
+
+
 def test_image_size_stays_bounded(image: Image) -> None:
-    """Sizes are reported at the end of the run; this catches a build that swallows a cache."""
+    """Sizes are reported at the end of the run as well."""
     number, unit = image.size.split()
-    assert unit == "MB" and float(number) < 700, image.size
+    assert unit == "MB" and float(number) < SIZE_BOUND_MB[image.name], image.size
 
 
 # -- the router image serves a conversation between fake engines --------------------------

@@ -83,7 +83,8 @@ def test_python_images_run_non_root_as_65532_from_this_source(image: str, entryp
     assert "\nARG BASE=python:3.11." in text and final.startswith("${BASE}\n")
     assert "USER 65532:65532" in final and "useradd --system --uid 65532" in final
     assert f"ENTRYPOINT {entrypoint}" in final
-    assert "--requirement images/constraints.txt" in text and "pip check" in text
+    assert f"--requirement images/{image}/requirements.txt" in text and "pip check" in text
+    assert f'--no-index "pdx[{image}] @ file://' in text  # the pinned set satisfies pdx[image] offline
     for source in ("operator", "contract", "engine", "router", "benchmark", "cli"):
         assert f"COPY {source} {source}" in text
 
@@ -101,19 +102,26 @@ def test_router_image_default_config_path_is_the_rendered_one() -> None:
     assert f'CMD ["--config", "{CONFIG_DIR}/{CONFIG_FILE}"]' in _dockerfile("router")
 
 
-def test_constraints_pin_every_runtime_dependency_of_pdx() -> None:
+@pytest.mark.parametrize("image", ["operator", "router"])
+def test_each_image_pins_every_dependency_of_its_extra(image: str) -> None:
     pins = {}
-    for line in (IMAGES / "constraints.txt").read_text().splitlines():
+    for line in (IMAGES / image / "requirements.txt").read_text().splitlines():
         if line and not line.startswith("#"):
             name, version = line.split("==")
             pins[canonicalize_name(name)] = version
     for raw in distribution("pdx").requires or []:
         req = Requirement(raw)
-        if req.marker is not None and "extra" in str(req.marker):
+        if req.marker is not None and not req.marker.evaluate({"extra": image}):
             continue
         name = canonicalize_name(req.name)
-        assert name in pins, f"{req.name} is not pinned in images/constraints.txt"
+        assert name in pins, f"{req.name} is not pinned in images/{image}/requirements.txt (images/freeze_constraints.py)"
         assert req.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]} violates {req}"
+
+
+def test_the_router_image_carries_none_of_the_operators_or_benchmarks_dependencies() -> None:
+    pins = (IMAGES / "router" / "requirements.txt").read_text()
+    for heavy in ("kubernetes==", "kopf==", "matplotlib==", "numpy=="):
+        assert f"\n{heavy}" not in pins, heavy
 
 
 def test_serving_image_installs_the_versions_and_efa_userspace_the_issue_asks_for() -> None:
