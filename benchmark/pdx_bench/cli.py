@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from pdx.resource import manifest_documents
+
 from .records import write_records
 from .report import format_table, write_report
 from .sweep import (
@@ -129,7 +131,11 @@ def _document(args: argparse.Namespace) -> dict[str, Any] | None:
             return default_document()
     if path is None:
         return None
-    doc = yaml.safe_load(Path(path).read_text())
+    try:
+        docs = manifest_documents(Path(path).read_text())  # as kubectl reads it: no duplicate keys
+    except yaml.YAMLError as err:
+        raise SystemExit(f"pdx bench: {path}: not valid YAML: {err}") from None
+    doc = docs[0] if len(docs) == 1 else None
     if not isinstance(doc, dict):
         raise SystemExit(f"pdx bench: {path}: not a DisaggregatedInference document")
     return doc

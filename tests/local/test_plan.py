@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +160,15 @@ def test_local_ports_come_from_below_the_ephemeral_range_and_never_twice() -> No
     ports = [free_port() for _ in range(40)]
     assert len(set(ports)) == 40
     assert all(1024 <= p < ephemeral_port_low() for p in ports)
+
+
+def test_pdx_local_refuses_a_file_with_a_duplicate_key_as_kubectl_does(tmp_path: Path) -> None:
+    cr = tmp_path / "dup.yaml"
+    cr.write_text(
+        "apiVersion: inference.pdx.dev/v1alpha1\nkind: DisaggregatedInference\nmetadata: {name: a}\n"
+        "spec:\n  model: {name: x}\n  model: {name: y}\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "pdx", "local", "plan", "-f", str(cr)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 2 and "not valid YAML" in proc.stderr and "line 6" in proc.stderr, proc.stderr

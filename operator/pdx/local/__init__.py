@@ -5,11 +5,12 @@ from __future__ import annotations
 from importlib import resources
 from typing import Any
 
-import yaml
+from pdx.resource import manifest_documents
 
 
 def default_document() -> dict[str, Any]:
     """The embedded default CR (examples/local-cpu.yaml is the same file)."""
     text = resources.files("pdx").joinpath("data/local-cpu.yaml").read_text()
-    doc: dict[str, Any] = yaml.safe_load(text)
+    (doc,) = manifest_documents(text)  # as kubectl reads it: a duplicate key is an error
+    assert isinstance(doc, dict)
     return doc

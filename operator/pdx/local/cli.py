@@ -9,17 +9,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pdx.local import default_document
-from pdx.resource import read_target
+from pdx.resource import manifest_documents, read_target
 
 
 def read_document(path: str | None) -> dict[str, Any]:
     if path is None:
         return default_document()
     read_target(path)  # validates: SpecError reaches the CLI's error reporting
-    doc: dict[str, Any] = yaml.safe_load(Path(path).read_text())
+    (doc,) = manifest_documents(Path(path).read_text())  # read_target checked: one mapping
+    assert isinstance(doc, dict)
     return doc
 
 
