@@ -113,8 +113,21 @@ def model_schema(root: type[BaseModel]) -> dict[str, Any]:
             if info.default_factory is not None:
                 alias = info.alias or field_name
                 target["properties"][alias]["default"] = _factory_default(info)
-    schema: dict[str, Any] = _structural(raw, defs)
+    schema: dict[str, Any] = _prose(_structural(raw, defs))
     return schema
+
+
+def _prose(node: Any) -> Any:
+    """Descriptions as paragraphs: a docstring's line breaks are not the reader's (kubectl
+    explain wraps the text itself); blank lines still part paragraphs."""
+    if isinstance(node, list):
+        return [_prose(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _prose(v) for k, v in node.items()}
+    if isinstance(out.get("description"), str):
+        out["description"] = "\n\n".join(" ".join(p.split()) for p in out["description"].split("\n\n"))
+    return out
 
 
 def spec_schema() -> dict[str, Any]:

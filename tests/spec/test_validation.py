@@ -162,3 +162,24 @@ def test_the_lease_bound_messages_name_the_field_and_the_bound() -> None:
         with pytest.raises(SpecError) as err:
             parse_spec(with_({"kvTransfer.kvLeaseDurationSeconds": value}))
         assert err.value.problems == [f"spec.kvTransfer.kvLeaseDurationSeconds: Input should be {bound} (got {value})"]
+
+
+def test_crd_descriptions_read_as_prose_without_the_docstrings_line_breaks() -> None:
+    from pdx.crd import crd_yaml
+
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("description"), str):
+                found.append(node["description"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(yaml.safe_load(crd_yaml()))
+    assert len(found) > 50
+    broken = [d for d in found if "\n" in d.replace("\n\n", "")]
+    assert broken == []
