@@ -114,7 +114,7 @@ def test_each_image_pins_every_dependency_of_its_extra(image: str) -> None:
         if req.marker is not None and not req.marker.evaluate({"extra": image}):
             continue
         name = canonicalize_name(req.name)
-        assert name in pins, f"{req.name} is not pinned in images/{image}/requirements.txt (images/freeze_constraints.py)"
+        assert name in pins, f"{req.name} is not pinned in images/{image}/requirements.txt (freeze_constraints.py)"
         assert req.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]} violates {req}"
 
 
