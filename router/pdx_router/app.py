@@ -32,7 +32,17 @@ from .policy.reuse import IdsSource, PromptIds, TurnPlan
 from .policy.shapes import ClientRequest
 from .policy.trust import TokenizerTrust
 from .store import MemoryStore, RedisStore, Store
-from .upstream import ClientFacingError, StreamFilter, Upstream, UpstreamError, filter_response
+from .upstream import (
+    ClientFacingError,
+    MalformedAnswer,
+    StreamFilter,
+    Upstream,
+    UpstreamError,
+    filter_response,
+    json_object,
+    read_capped,
+    well_formed_kv,
+)
 
 log = logging.getLogger("pdx_router")
 
@@ -136,6 +146,9 @@ class Router:
             return _error(503, "no healthy prefill/decode pair of one generation")
         except ClientFacingError as exc:
             return web.Response(status=exc.status, body=exc.body, content_type=exc.content_type)
+        except MalformedAnswer as exc:  # counted by _after_failure; no engine URL to the client
+            log.warning("malformed answer: %s", exc)
+            return _error(502, f"the {exc.endpoint.role} engine's answer was malformed: {exc.detail}")
         except UpstreamError as exc:
             self.metrics.upstream_errors.labels(exc.endpoint.role).inc()
             return _error(502, f"engine failed: {exc}")
@@ -207,6 +220,9 @@ class Router:
             t0 = time.perf_counter()
             try:
                 answer = await self._call(prefill, ppath, ask, pbody)
+                pkv = answer.get("kv_transfer_params")
+                if pkv is not None and not well_formed_kv(pkv):
+                    raise MalformedAnswer(prefill, 200, "kv_transfer_params of the wrong shape")
             except UpstreamError as exc:
                 again = self._after_failure(attempt, Hop.PREFILL, prefill, exc)
                 if again is None:
@@ -215,7 +231,6 @@ class Router:
                 continue
             done = Prefilled(attempt, (time.perf_counter() - t0) * 1000, started)
             self.metrics.prefill.observe(done.prefill_ms / 1000)
-            pkv = answer.get("kv_transfer_params")
             dbody = shapes.decode_request(ask, pkv if isinstance(pkv, dict) else None, attempt.compared_ids)
             _log_hop("to decode", decode, dbody.get("kv_transfer_params"))
             try:
@@ -267,6 +282,8 @@ class Router:
                     if resp.status >= 500:
                         raise UpstreamError(decode, resp.status, raw[:300].decode(errors="replace"))
                     raise ClientFacingError(resp.status, raw, resp.content_type)
+                if ask.stream and resp.content_type != "text/event-stream":
+                    raise MalformedAnswer(decode, resp.status, f"a streamed answer of type {resp.content_type}")
                 if ask.stream:
                     out = await self._relay_stream(req, ask, done, resp, decode)
                 else:
@@ -292,7 +309,10 @@ class Router:
         # Always filtered, even when nothing is captured or stripped: decode's
         # kv_transfer_params never reach a client (a block without them passes untouched).
         filt = StreamFilter(capture=ask.capture, strip_ids=not ask.wants_ids)
+        filt.max_line_bytes = self.upstream.max_answer_bytes
+        filt.stop_at_drop = True
         first, stored = True, False
+        last = b""  # the end of decode's bytes so far: a whole stream ends with [DONE]
 
         async def store_once_captured() -> None:
             # Before the client can see the end of the turn: an agent sends the next turn as
@@ -306,8 +326,11 @@ class Router:
             # Whole socket reads, not lines: each client write is a chunked-encoding frame and
             # a send(), which dominated the router's CPU when done per SSE line.
             async for block in resp.content.iter_any():
+                last = (last + block)[-16:]
                 block = filt.feed(block)
                 await store_once_captured()
+                if filt.dropped:
+                    return await self._end_malformed(out, filt, block, "a line that is not readable JSON")
                 if not block:
                     continue
                 await out.write(block)
@@ -320,6 +343,25 @@ class Router:
         if rest := filt.flush():
             await store_once_captured()
             await out.write(rest)
+        if filt.dropped or not last.rstrip().endswith(b"[DONE]"):
+            return await self._end_malformed(out, filt, b"", "it ended before [DONE]")
+        await out.write_eof()
+        return out
+
+    async def _end_malformed(
+        self, out: web.StreamResponse, filt: StreamFilter, block: bytes, why: str
+    ) -> web.StreamResponse:
+        """Decode's stream cannot be relayed whole: what was readable, then an error event
+        and no [DONE] (as for a broken stream); the turn is not stored."""
+        self.metrics.upstream_errors.labels(Hop.DECODE.value).inc()
+        filt.captured.kv = None
+        if block:
+            await out.write(block)
+        what = "a line above the size limit" if filt.oversized else why
+        log.warning("decode's stream was malformed: %s", what)
+        message = f"the decode engine's stream was malformed: {what}"
+        err = {"error": {"message": message, "type": "pdx_router_error", "code": 502}}
+        await out.write(b"data: " + orjson.dumps(err) + b"\n\n")
         await out.write_eof()
         return out
 
@@ -327,9 +369,9 @@ class Router:
         self, req: web.Request, ask: ClientRequest, done: Prefilled, resp: aiohttp.ClientResponse, decode: Endpoint
     ) -> web.StreamResponse:
         try:
-            data = orjson.loads(await resp.read())
-        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
-            raise UpstreamError(Endpoint(str(resp.url), "decode", ""), None, repr(exc)) from exc
+            data = json_object(decode, resp.status, await read_capped(decode, resp, self.upstream.max_answer_bytes))
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise UpstreamError(decode, None, repr(exc)) from exc
         cap = filter_response(data, ask.capture, strip_ids=not ask.wants_ids)
         self.metrics.ttft.observe(time.perf_counter() - done.started)
         await self._store_entry(ask, done, decode, cap)  # the answer leaves after the handler returns

@@ -26,6 +26,11 @@ _ESCAPE = b"\\u"
 _PROMPT = b'"prompt_'
 _INT_LIST = b"0123456789,[]"  # what a compact list of ints is made of
 _MISSING: Any = object()
+# The most of one engine answer the router holds in memory: a non-streamed answer, or one
+# line of a stream (a prefill answer is one token; a long decode answer with logprobs is a
+# few MB). Above it the answer is malformed: the turn fails with 502, nothing is stored.
+MAX_ANSWER_BYTES = 64 << 20
+_MAX_TOKENS = 1 << 31  # no context is this long: a count above it is not a count
 
 
 class UpstreamError(Exception):
@@ -35,6 +40,16 @@ class UpstreamError(Exception):
         super().__init__(f"{endpoint.role} {endpoint.url}: {status or 'connection'}: {detail}")
         self.endpoint = endpoint
         self.status = status  # None: the engine could not be reached (or its answer was cut)
+
+
+class MalformedAnswer(UpstreamError):
+    """The engine answered, but not what the protocol says (not JSON, not an object, the
+    wrong content type, cut short, too big, kv_transfer_params of the wrong shape). Never
+    retried as unreachable: the engine is up, its answer is wrong."""
+
+    def __init__(self, endpoint: Endpoint, status: int, detail: str) -> None:
+        super().__init__(endpoint, status, detail)
+        self.detail = detail  # what was wrong, without the engine's URL: the client sees it
 
 
 class ClientFacingError(Exception):
@@ -60,6 +75,27 @@ def token_ids(value: Any) -> list[int] | None:
     if all(type(x) is float and x.is_integer() for x in value if type(x) is not int):
         return [int(x) for x in value]
     return None
+
+
+def well_formed_kv(kv: Any) -> bool:
+    """kv_transfer_params as vLLM's connector writes them: an object whose block ids are a
+    list of groups of non-negative ints and whose token count is a non-negative int (both
+    may be null). Anything else is never passed on nor stored."""
+    if type(kv) is not dict:
+        return False
+    blocks = kv.get("remote_block_ids")
+    if blocks is not None and not (
+        type(blocks) is list and all(type(g) is list and all(type(b) is int and b >= 0 for b in g) for g in blocks)
+    ):
+        return False
+    n = kv.get("remote_num_tokens")
+    if n is not None and not (type(n) is int and 0 <= n < _MAX_TOKENS):
+        return False
+    for name in ("remote_engine_id", "remote_request_id", "remote_host"):
+        if kv.get(name) is not None and type(kv[name]) is not str:
+            return False
+    port = kv.get("remote_port")
+    return port is None or (type(port) is int and 0 < port < 65536)
 
 
 def _json_start(line: bytes) -> int:
@@ -94,12 +130,18 @@ class StreamFilter:
         self.strip_ids = strip_ids
         self.captured = Captured(output_ids=[] if capture else None)
         self.broken = False  # a line could not be read: the turn must not be stored
+        self.oversized = False  # a line grew past max_line_bytes: the stream is malformed
+        self.dropped = 0  # lines dropped as unreadable: the client's answer is missing them
+        self.stop_at_drop = False  # the relay ends the stream at a dropped line: nothing after it
+        self.max_line_bytes = MAX_ANSWER_BYTES
         self._ids = capture or strip_ids
         self._tail = b""
 
     def feed(self, data: bytes) -> bytes:
         """Filter whatever block the socket delivered, so the relay writes once per block
         rather than once per SSE line; an unterminated last line waits for the next block."""
+        if self.oversized:
+            return b""  # the relay ends the stream
         if self._tail:
             data, self._tail = self._tail + data, b""
         end = data.rfind(b"\n") + 1
@@ -109,17 +151,40 @@ class StreamFilter:
                 end = cr
             self._tail = data[end:]
             data = data[:end]
+            if len(self._tail) > self.max_line_bytes:
+                self._tail = b""
+                self.oversized = True
+                self.dropped += 1
+                self._break()
         # find() rather than `in`: bytes.__contains__ first tries its argument as an int.
         slow = data.find(_KV_NAME) >= 0 or (data.find(b"\\") >= 0 and data.find(_ESCAPE) >= 0)
         if not slow and (not self._ids or data.find(_ID_NAME) < 0):
             return data
-        return b"".join([self._line(x, slow) for x in data.splitlines(keepends=True)])
+        if not self.stop_at_drop:
+            return b"".join([self._line(x, slow) for x in data.splitlines(keepends=True)])
+        out = []
+        for x in data.splitlines(keepends=True):
+            out.append(self._line(x, slow))
+            if self.dropped:
+                self._tail = b""
+                break
+        return b"".join(out)
 
     def flush(self) -> bytes:
         """The stream ended: filter an unterminated last line, or drop it if it is cut short
         JSON (then the turn is incomplete and must not be stored)."""
         tail, self._tail = self._tail, b""
-        return self._line(tail, True) if tail else b""
+        if not tail or self.oversized:
+            return b""
+        start = _json_start(tail)
+        if start >= 0:  # a data line without its line end: whole JSON, or cut short
+            try:
+                orjson.loads(tail[start:])
+            except orjson.JSONDecodeError:
+                self._break()
+                self.dropped += 1
+                return b""
+        return self._line(tail, True)
 
     def line(self, line: bytes) -> bytes:
         """One SSE line (with its line end)."""
@@ -130,6 +195,12 @@ class StreamFilter:
         escape, so the compact id path is the only one to try."""
         start = _json_start(line)
         if start < 0:
+            if line.find(_KV_NAME) >= 0 or (self._ids and line.find(_ID_NAME) >= 0) or line.find(_ESCAPE) >= 0:
+                # Not an SSE data line with an object (a JSON answer to a streamed request, a
+                # data line holding an array...) yet it may carry what the client must not see.
+                self._break()
+                self.dropped += 1
+                return b""
             return line
         if not slow or (line.find(_KV_NAME) < 0 and (line.find(b"\\") < 0 or line.find(_ESCAPE) < 0)):
             if not self._ids:
@@ -142,6 +213,7 @@ class StreamFilter:
             return self._parsed(line, start)
         except orjson.JSONDecodeError:
             self._break()
+            self.dropped += 1
             return b""
 
     def _break(self) -> None:
@@ -219,12 +291,16 @@ class StreamFilter:
         """Any JSON form: parse, take the fields out, re-encode (compactly) if one was there."""
         chunk = orjson.loads(line[start:])
         if not isinstance(chunk, dict):
-            return line
+            self._break()  # a data line names a field, but is not an object
+            self.dropped += 1
+            return b""
         changed = False
         kv = chunk.pop("kv_transfer_params", _MISSING)
         if kv is not _MISSING:
             changed = True
-            if isinstance(kv, dict) and not self.broken:
+            if kv is not None and not well_formed_kv(kv):
+                self._break()  # never stored, never attached to a later turn
+            elif kv is not None and not self.broken:
                 self.captured.kv = kv
         if self._ids:
             prompt: list[int] | None = None
@@ -257,8 +333,11 @@ def filter_response(data: dict[str, Any], capture: bool, strip_ids: bool) -> Cap
     internals in place."""
     cap = Captured()
     kv = data.pop("kv_transfer_params", None)
-    cap.kv = kv if isinstance(kv, dict) else None
-    choices = data.get("choices") or []
+    cap.kv = kv if well_formed_kv(kv) else None
+    choices = data.get("choices")
+    if type(choices) is not list:
+        choices = []
+        cap.kv = None  # not an answer vLLM gives: nothing to build on
     cap.choices = len(choices)
     prompt = data.get("prompt_token_ids")
     if capture and choices and isinstance(choices[0], dict):
@@ -280,6 +359,7 @@ class Upstream:
 
     def __init__(self, timeout_seconds: float) -> None:
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds, sock_connect=5)
+        self.max_answer_bytes = MAX_ANSWER_BYTES
         self.session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -295,19 +375,17 @@ class Upstream:
         return self.session
 
     async def post_json(self, ep: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-        """POST and return the JSON answer; 4xx -> ClientFacingError, else UpstreamError."""
+        """POST and return the JSON answer; 4xx -> ClientFacingError, a malformed answer ->
+        MalformedAnswer (with its status), else UpstreamError."""
         try:
             async with self._s().post(ep.url + path, data=orjson.dumps(body), headers={**headers, **_JSON}) as resp:
-                raw = await resp.read()
+                raw = await read_capped(ep, resp, self.max_answer_bytes)
                 if resp.status >= 500:
                     raise UpstreamError(ep, resp.status, raw[:300].decode(errors="replace"))
                 if resp.status >= 400:
                     raise ClientFacingError(resp.status, raw, resp.content_type)
-                out = orjson.loads(raw)
-                if not isinstance(out, dict):
-                    raise UpstreamError(ep, resp.status, "answer is not a JSON object")
-                return out
-        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+                return json_object(ep, resp.status, raw)
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise UpstreamError(ep, None, repr(exc)) from exc
 
     def open(self, ep: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
@@ -317,6 +395,31 @@ class Upstream:
     async def get(self, url: str, timeout: float) -> tuple[int, bytes]:
         async with self._s().get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             return resp.status, await resp.read()
+
+
+async def read_capped(ep: Endpoint, resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole answer, or MalformedAnswer once it is longer than `limit`."""
+    if resp.content_length is not None and resp.content_length > limit:
+        raise MalformedAnswer(ep, resp.status, f"answer of {resp.content_length} bytes, above {limit}")
+    parts: list[bytes] = []
+    size = 0
+    async for block in resp.content.iter_any():
+        size += len(block)
+        if size > limit:
+            raise MalformedAnswer(ep, resp.status, f"answer above {limit} bytes")
+        parts.append(block)
+    return b"".join(parts)
+
+
+def json_object(ep: Endpoint, status: int, raw: bytes) -> dict[str, Any]:
+    """An engine's answer as a JSON object, or MalformedAnswer."""
+    try:
+        out = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise MalformedAnswer(ep, status, "answer is not JSON") from None
+    if not isinstance(out, dict):
+        raise MalformedAnswer(ep, status, "answer is not a JSON object")
+    return out
 
 
 def _dumps_str(obj: Any) -> str:

@@ -129,6 +129,13 @@ class EngineOptions:
     # Answer JSON as a re-serializing proxy would: `"key" : value , ...` and \u escapes
     # (valid JSON with the same content as vLLM's compact form).
     spaced_json: bool = False
+    # Answer wrongly, on cue (the fault suite): "not_json", "wrong_content_type" (SSE to a
+    # JSON request, JSON to a streamed one), "truncated_stream" (cut short), "oversized_body"
+    # (malform_bytes of padding), "kv_wrong_shape" (bad_kv as kv_transfer_params),
+    # "json_not_object" (an array).
+    malform: str | None = None
+    bad_kv: Any = None
+    malform_bytes: int = 1 << 16
     side_channel_host: str = "127.0.0.1"
     side_channel_port: int = 5600
 
@@ -257,7 +264,28 @@ class FakeEngine:
             "transfer_mode": "pull",
             "remote_prefill_cached_tokens": read.tokens if read and read.correct else 0,
         }
+        if self.opts.malform is not None:
+            return self.malformed(self._full(rid, body, chat, prompt, [101], out_kv, "length"))
         return self.json_response(self._full(rid, body, chat, prompt, [101], out_kv, "length"))
+
+    def malformed(self, answer: dict[str, Any]) -> web.Response:
+        """A non-streamed answer, wrong in the way opts.malform says."""
+        how = self.opts.malform
+        if how == "not_json":
+            return web.Response(body=b"<html><body>502 Bad Gateway</body></html>", content_type="application/json")
+        if how == "wrong_content_type":
+            sse = b"data: " + self.dumps(answer) + b"\n\ndata: [DONE]\n\n"
+            return web.Response(body=sse, content_type="text/event-stream")
+        if how == "truncated_stream":
+            raw = self.dumps(answer)
+            return web.Response(body=raw[: len(raw) // 2], content_type="application/json")
+        if how == "oversized_body":
+            return self.json_response({**answer, "padding": "x" * self.opts.malform_bytes})
+        if how == "kv_wrong_shape":
+            return self.json_response({**answer, "kv_transfer_params": self.opts.bad_kv})
+        if how == "json_not_object":
+            return web.Response(body=b"[" + self.dumps(answer) + b"]", content_type="application/json")
+        raise ValueError(f"unknown malform {how!r}")
 
     def _full(
         self,
@@ -350,6 +378,11 @@ class FakeEngine:
         if not body.get("stream"):
             await asyncio.sleep(self.opts.token_delay * (len(out) - 1))
             kv = self._hold(rid, prompt, out)
+            if self.opts.malform is not None:
+                return self.malformed(self._full(rid, body, chat, prompt, out, kv, "stop"))
+            return self.json_response(self._full(rid, body, chat, prompt, out, kv, "stop"))
+        if self.opts.malform == "wrong_content_type":  # a proxy that answers streams as JSON
+            kv = self._hold(rid, prompt, out)
             return self.json_response(self._full(rid, body, chat, prompt, out, kv, "stop"))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(req)
@@ -393,6 +426,21 @@ class FakeEngine:
                 kv = self._hold(rid, prompt, out)
                 if self.opts.kv_in_stream:
                     extra["kv_transfer_params"] = kv
+            bad = self.opts.malform
+            if bad == "truncated_stream" and i == len(out) // 2:
+                await resp.write(chunk(choice, **extra)[:20])  # cut inside a line, then EOF
+                await resp.write_eof()
+                return resp
+            if last and bad == "kv_wrong_shape":
+                extra["kv_transfer_params"] = self.opts.bad_kv
+            if last and bad == "not_json":
+                await resp.write(chunk(choice, **extra)[:-3] + b",}\n\n")
+                continue
+            if last and bad == "json_not_object":
+                await resp.write(b"data: [" + chunk(choice, **extra)[6:-2] + b"]\n\n")
+                continue
+            if i == 1 and bad == "oversized_body":
+                await resp.write(chunk({**choice, "padding": "x" * self.opts.malform_bytes}))
             await resp.write(chunk(choice, **extra))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
