@@ -133,7 +133,10 @@ class Router:
             return _error(400, "request body is not valid JSON")
         if not isinstance(body, dict):
             return _error(400, "request body must be a JSON object")
-        ask = shapes.client_request(body, req.headers, path, is_chat, self.cfg.tenant_header)
+        try:
+            ask = shapes.client_request(body, req.headers, path, is_chat, self.cfg.tenant_header)
+        except shapes.BadRequest as exc:
+            return _error(400, str(exc))
         try:
             try:
                 return await self._serve(req, ask, started)

@@ -125,8 +125,11 @@ async def test_decode_gone_means_no_reuse_and_other_decode(
     assert s.decodes[1 - idx].requests
 
 
-async def test_prefill_client_errors_pass_through(make_stack: StackFactory, http: aiohttp.ClientSession) -> None:
+async def test_prefill_engine_errors_reach_the_client_as_502(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
     s = await make_stack()
-    async with http.post(s.url + "/v1/chat/completions", json={"model": "Qwen"}) as r:
-        # the fake prefill fails on a body without messages: 5xx -> 502 to the client
+    # A chat without messages is the router's own 400 now (tests/faults/test_malformed.py);
+    # the fake prefill fails on a completion without a prompt: 5xx -> 502 to the client.
+    async with http.post(s.url + "/v1/completions", json={"model": "Qwen"}) as r:
         assert r.status == 502

@@ -46,10 +46,58 @@ class ClientRequest:
         return self.key is not None and self.body.get("n", 1) in (1, None)
 
 
+class BadRequest(ValueError):
+    """The client's body cannot be served as it is: the message names the field and the fix."""
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
+
+
+def request_problem(body: dict[str, Any], is_chat: bool) -> str | None:
+    """What is wrong with the types of a client's body, as `field: what it must be`, or None.
+
+    Only the fields the router itself reads are checked here, so that what it decides (stream
+    or not, which conversation) is what the engines do; the engines judge the rest."""
+    stream = body.get("stream")
+    if stream is not None and type(stream) is not bool:
+        return f"stream: must be a boolean (true or false), not {_kind(stream)}"
+    for name in ("max_tokens", "max_completion_tokens"):
+        n = body.get(name)
+        if n is not None and not (type(n) is int and n >= 0):
+            return f"{name}: must be a non-negative integer or null, not {_kind(n)}"
+    if is_chat:
+        messages = body.get("messages")
+        if messages is None:
+            return "messages: required, a list of message objects"
+        if type(messages) is not list:
+            return f"messages: must be a list of message objects, not {_kind(messages)}"
+        for i, m in enumerate(messages):
+            if type(m) is not dict:
+                return f"messages[{i}]: must be an object with role and content, not {_kind(m)}"
+    elif "prompt" in body and not isinstance(body["prompt"], (str, list)):
+        return f"prompt: must be a string or a list, not {_kind(body['prompt'])}"
+    conversation = body.get("conversation_id")
+    if conversation is not None and type(conversation) is not str:
+        return f"conversation_id: must be a string, not {_kind(conversation)}"
+    return None
+
+
 def client_request(
     body: dict[str, Any], headers: Mapping[str, str], path: str, is_chat: bool, tenant_header: str | None
 ) -> ClientRequest:
-    """The conversation comes from `conversation_id`, else the X-Session-ID header."""
+    """The conversation comes from `conversation_id`, else the X-Session-ID header (an empty
+    one is none: plain P/D). Raises BadRequest for a body of the wrong types."""
+    if (problem := request_problem(body, is_chat)) is not None:
+        raise BadRequest(problem)
     conversation = body.get("conversation_id") or headers.get("X-Session-ID")
     clean, wants_ids = clean_client_body(body)
     key = entry_key(tenant_of(headers, tenant_header), str(conversation)) if conversation else None
@@ -63,6 +111,11 @@ def clean_client_body(body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     out = dict(body)
     out.pop("kv_transfer_params", None)
     out.pop("conversation_id", None)
+    xargs = out.get("vllm_xargs")
+    if isinstance(xargs, dict) and "kv_transfer_params" in xargs:
+        # vLLM merges vllm_xargs into the request's extra args, where its connector reads
+        # kv_transfer_params: the same field by another door.
+        out["vllm_xargs"] = {k: v for k, v in xargs.items() if k != "kv_transfer_params"}
     return out, bool(out.get("return_token_ids"))
 
 
@@ -71,12 +124,13 @@ def tenant_of(headers: Mapping[str, str], tenant_header: str | None) -> str:
     if tenant_header:
         return str(headers.get(tenant_header, ""))
     auth = headers.get("Authorization")
-    return hashlib.sha256(auth.encode()).hexdigest()[:32] if auth else ""
+    return hashlib.sha256(auth.encode(errors="surrogatepass")).hexdigest()[:32] if auth else ""
 
 
 def entry_key(tenant: str, conversation: str) -> str:
     """Tenant-scoped store key; hashed so ids of any length or charset are safe in Redis."""
-    return hashlib.sha256(f"{tenant}\x00{conversation}".encode()).hexdigest()
+    # surrogatepass: a header's bytes that are not UTF-8 reach here as lone surrogates.
+    return hashlib.sha256(f"{tenant}\x00{conversation}".encode(errors="surrogatepass")).hexdigest()
 
 
 # ---------------------------------------------------------------- prefill
