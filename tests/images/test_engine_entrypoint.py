@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -44,6 +45,31 @@ printf 'provider: tcp\\n    fabric: 10.0.0.0/16\\n    type: FI_EP_RDM\\n'
 """
 
 
+# A fake `vllm serve`: NIXL's and uvicorn's start-up lines as the installed packages print
+# them (nixl_cu13/_api.py:405 on stdout, uvicorn on stderr), then it serves until SERVE_SECONDS
+# pass and exits 3. SIGTERM ends it at once with 143 and a line saying so.
+ENGINE = """#!/bin/sh
+trap 'echo engine got TERM; exit 143' TERM
+echo "INFO 12-01 10:00:00 [base_worker.py:515] Initializing NIXL wrapper"
+{backend_line}
+echo "INFO 12-01 10:00:09 [entry.py:140] Starting vLLM server on http://0.0.0.0:8000"
+echo "INFO:     Application startup complete." >&2
+echo "engine serving"
+i=0
+while [ "$i" -lt "${{SERVE_SECONDS:-0}}" ]; do sleep 1; i=$((i + 1)); done
+echo "engine done"
+exit 3
+"""
+LIBFABRIC_LINE = (
+    'echo "(EngineCore pid=42) 2026-12-01 10:00:01 NIXL INFO    _api.py:405 Backend LIBFABRIC was instantiated"'
+)
+UCX_LINE = 'echo "2026-12-01 10:00:01 NIXL INFO    _api.py:405 Backend UCX was instantiated"'
+NO_PLUGIN_LINE = (
+    'echo "2026-12-01 10:00:01 NIXL WARNING _api.py:252 '
+    'Skipping backend registration LIBFABRIC due to the missing plugin."'
+)
+
+
 @pytest.fixture(autouse=True)
 def _no_real_fi_info() -> None:
     if shutil.which("fi_info", path=SYSTEM_PATH):
@@ -68,11 +94,17 @@ class Run:
             "PATH": f"{self.bin}:{SYSTEM_PATH}",
             "FAKE_FI_INFO_CALLS": str(self.calls),
             "PDX_TERMINATION_LOG": str(self.termination_log),
+            "PDX_ENGINE_STOP_GRACE": "2",
             **env,
         }
         return subprocess.run(
             [str(SCRIPT), *command], env=full_env, capture_output=True, text=True, timeout=30, check=False
         )
+
+    def engine(self, script: str) -> None:
+        path = self.bin / "fake-engine"
+        path.write_text(script)
+        path.chmod(0o755)
 
     @property
     def fi_info_calls(self) -> list[str]:
@@ -96,10 +128,11 @@ def _execed(proc: subprocess.CompletedProcess[str]) -> bool:
     return proc.returncode == 7 and f"parent={os.getpid()} args=first,second" in proc.stdout
 
 
-def test_with_efa_present_it_checks_the_rdm_provider_then_execs_the_command(run: Run) -> None:
+def test_with_efa_present_it_checks_the_rdm_provider_then_runs_the_command(run: Run) -> None:
     run.fi_info(FI_INFO_EFA)
-    proc = run(*PRINT_PARENT, PDX_REQUIRE_EFA="1", FI_PROVIDER="efa")
-    assert _execed(proc), proc.stdout + proc.stderr
+    run.engine(ENGINE.format(backend_line=LIBFABRIC_LINE))
+    proc = run("fake-engine", PDX_REQUIRE_EFA="1", FI_PROVIDER="efa")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
     assert run.fi_info_calls == ["-p efa -t FI_EP_RDM"]
     assert "EFA provider found (2 RDM endpoint(s))" in proc.stderr
     assert run.termination_message == ""
@@ -179,3 +212,94 @@ def test_an_unwritable_termination_log_still_fails_with_the_reason_on_stderr(run
     proc = run(*PRINT_PARENT, PDX_REQUIRE_EFA="1", PDX_TERMINATION_LOG=str(run.tmp / "missing-dir" / "log"))
     assert proc.returncode == 78
     assert "EFAUnavailable" in proc.stderr and "could not write the termination log" in proc.stderr
+
+
+def test_a_libfabric_start_keeps_running_and_passes_the_output_through(run: Run) -> None:
+    run.fi_info(FI_INFO_EFA)
+    run.engine(ENGINE.format(backend_line=LIBFABRIC_LINE))
+    proc = run("fake-engine", PDX_REQUIRE_EFA="1", SERVE_SECONDS="2")
+    assert proc.returncode == 3, proc.stdout + proc.stderr  # the engine's own status
+    lines = proc.stdout.splitlines()
+    assert lines[-3:] == ["INFO:     Application startup complete.", "engine serving", "engine done"]
+    assert any(line.endswith("Backend LIBFABRIC was instantiated") for line in lines)
+    assert "NIXL instantiated LIBFABRIC before the server started" in proc.stderr
+    assert run.termination_message == ""
+
+
+@pytest.mark.parametrize("backend_line", [UCX_LINE, 'echo "2026 NIXL INFO _api.py:405 Backend GDS was instantiated"'])
+def test_another_backend_is_refused_and_the_engine_stopped(run: Run, backend_line: str) -> None:
+    run.fi_info(FI_INFO_EFA)
+    run.engine(ENGINE.format(backend_line=backend_line))
+    proc = run("fake-engine", PDX_REQUIRE_EFA="1", SERVE_SECONDS="20")
+    assert proc.returncode == 78, proc.stdout + proc.stderr
+    message = run.termination_message
+    assert message.startswith("NIXLBackendNotLibfabric: NIXL instantiated a backend other than LIBFABRIC")
+    assert "was instantiated" in message and message.count("\n") == 1
+    assert "engine serving" not in proc.stdout or "engine got TERM" in proc.stdout
+    assert "engine done" not in proc.stdout
+
+
+def test_a_libfabric_backend_beside_ucx_is_still_refused(run: Run) -> None:
+    run.fi_info(FI_INFO_EFA)
+    run.engine(ENGINE.format(backend_line=LIBFABRIC_LINE + "\n" + UCX_LINE))
+    proc = run("fake-engine", PDX_REQUIRE_EFA="1", SERVE_SECONDS="20")
+    assert proc.returncode == 78
+    assert "Backend UCX was instantiated" in run.termination_message
+
+
+def test_a_missing_libfabric_plugin_is_refused(run: Run) -> None:
+    run.fi_info(FI_INFO_EFA)
+    run.engine(ENGINE.format(backend_line=NO_PLUGIN_LINE))
+    proc = run("fake-engine", PDX_REQUIRE_EFA="1", SERVE_SECONDS="20")
+    assert proc.returncode == 78
+    assert run.termination_message.startswith("NIXLBackendNotLibfabric: NIXL has no LIBFABRIC plugin")
+
+
+def test_serving_without_the_libfabric_line_is_refused(run: Run) -> None:
+    run.fi_info(FI_INFO_EFA)
+    run.engine(ENGINE.format(backend_line="true"))
+    proc = run("fake-engine", PDX_REQUIRE_EFA="1", SERVE_SECONDS="20")
+    assert proc.returncode == 78, proc.stdout + proc.stderr
+    message = run.termination_message
+    assert message.startswith("NIXLBackendUnverified: the server started but NIXL never logged")
+    assert "Starting vLLM server on" in message and "engine done" not in proc.stdout
+
+
+@pytest.mark.parametrize("level", ["WARN", "error", "FATAL"])
+def test_a_nixl_log_level_that_hides_the_proof_is_refused_before_starting(run: Run, level: str) -> None:
+    run.fi_info(FI_INFO_EFA)
+    run.engine(ENGINE.format(backend_line=LIBFABRIC_LINE))
+    proc = run("fake-engine", PDX_REQUIRE_EFA="1", NIXL_LOG_LEVEL=level)
+    assert proc.returncode == 78 and "engine serving" not in proc.stdout
+    assert run.termination_message.startswith(f"NIXLBackendUnverified: NIXL_LOG_LEVEL={level} hides")
+
+
+def test_an_engine_failing_before_the_verdict_keeps_its_status_and_no_reason_is_invented(run: Run) -> None:
+    run.fi_info(FI_INFO_EFA)
+    run.engine("#!/bin/sh\necho 'ValueError: bad model' >&2\nexit 1\n")
+    proc = run("fake-engine", PDX_REQUIRE_EFA="1")
+    assert proc.returncode == 1 and "ValueError: bad model" in proc.stdout
+    assert run.termination_message == ""
+
+
+def test_sigterm_reaches_a_watched_engine(run: Run) -> None:
+    run.fi_info(FI_INFO_EFA)
+    run.engine(ENGINE.format(backend_line=LIBFABRIC_LINE))
+    env = {
+        "PATH": f"{run.bin}:{SYSTEM_PATH}",
+        "FAKE_FI_INFO_CALLS": str(run.calls),
+        "PDX_TERMINATION_LOG": str(run.termination_log),
+        "PDX_REQUIRE_EFA": "1",
+        "SERVE_SECONDS": "60",
+    }
+    with subprocess.Popen(
+        [str(SCRIPT), "fake-engine"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("engine serving"):
+                break
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 143 and "engine got TERM" in out
+    assert run.termination_message == ""
