@@ -217,6 +217,43 @@ def test_an_engine_refusing_to_start_without_efa_is_a_condition_a_person_sees() 
     assert (healthy["EFAAvailable"].status, healthy["Degraded"].status) == ("True", "False")
 
 
+@pytest.mark.parametrize(
+    ("reason", "detail"),
+    [
+        ("NIXLBackendNotLibfabric", "NIXL instantiated a backend other than LIBFABRIC (UCX on EFA runs over TCP)"),
+        ("NIXLBackendUnverified", "the server started but NIXL never logged 'Backend LIBFABRIC was instantiated'"),
+    ],
+)
+def test_an_engine_whose_nixl_does_not_run_libfabric_is_an_efa_condition(reason: str, detail: str) -> None:
+    obs = fleet("h1", 2, 2)
+    refused = PodView(
+        name="demo-prefill-0",
+        role="prefill",
+        generation="h1",
+        ready=False,
+        waiting_reason="CrashLoopBackOff",
+        termination=f"{reason}: {detail}",
+    )
+    c = conds(status.compute(replace(obs, pods=[*obs.pods, refused]), None, NOW))
+    assert (c["EFAAvailable"].status, c["EFAAvailable"].reason) == ("False", reason)
+    assert c["EFAAvailable"].message == f"demo-prefill-0: {reason}: {detail}"
+    assert c["Degraded"].status == "True" and "demo-prefill-0" in c["Degraded"].message
+
+
+def test_an_unrelated_termination_message_is_no_efa_condition() -> None:
+    obs = fleet("h1", 2, 2)
+    crashed = PodView(
+        name="demo-decode-0",
+        role="decode",
+        generation="h1",
+        ready=False,
+        waiting_reason="CrashLoopBackOff",
+        termination="InvalidConfig: no command given to run",
+    )
+    c = conds(status.compute(replace(obs, pods=[*obs.pods, crashed]), None, NOW))
+    assert (c["EFAAvailable"].status, c["EFAAvailable"].reason) == ("True", "NoFailureReported")
+
+
 def test_pod_view_reads_the_last_termination_message() -> None:
     from pdx.controller.reconcile import pod_view
 

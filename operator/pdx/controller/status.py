@@ -19,8 +19,10 @@ from pdx.spec import CONDITIONS, Condition, DisaggregatedInferenceStatus, ReuseS
 CONDITION_TYPES = tuple(CONDITIONS)
 
 # First word of the termination message the serving image's entrypoint writes when it
-# refuses to start without EFA (rather than let NIXL fall back to TCP silently).
-EFA_REASONS = frozenset({"EFAUnavailable", "EFAProviderOverridden"})
+# refuses to start without EFA (rather than let NIXL fall back to TCP silently): no EFA
+# provider, FI_PROVIDER naming another one, NIXL instantiating a backend other than LIBFABRIC
+# (or lacking its plugin), or the server starting without NIXL having logged LIBFABRIC.
+EFA_REASONS = frozenset({"EFAUnavailable", "EFAProviderOverridden", "NIXLBackendNotLibfabric", "NIXLBackendUnverified"})
 
 # Container waiting reasons that mean a pod will not become ready without someone acting.
 FAILING_REASONS = frozenset(
