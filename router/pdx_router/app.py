@@ -7,7 +7,6 @@ records.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -68,6 +67,20 @@ class NoEngines(Exception):
     pass
 
 
+class EngineTimeout(UpstreamError):
+    """No answer within upstreamTimeoutSeconds. The turn's time is spent, so it is not retried:
+    the client gets 504 naming the engine. The engine is not taken out: slow is not gone."""
+
+    def __init__(self, ep: Endpoint, seconds: float) -> None:
+        self.message = f"{ep.role} engine {ep.url} timed out: no answer within upstreamTimeoutSeconds ({seconds:g} s)"
+        super().__init__(ep, None, self.message)
+
+
+def _is_timeout(exc: BaseException | None) -> bool:
+    """The total timeout ran out (a connect timeout is an engine that cannot be reached)."""
+    return isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ConnectionTimeoutError)
+
+
 class Router:
     def __init__(self, cfg: RouterConfig, store: Store | None = None) -> None:
         self.cfg = cfg
@@ -106,14 +119,14 @@ class Router:
         return web.json_response({"object": "list", "data": [model]})
 
     async def metrics_route(self, _req: web.Request) -> web.Response:
-        with contextlib.suppress(Exception):
-            self.metrics.entries.set(await self.store.count())
+        if (entries := await self._count()) is not None:
+            self.metrics.entries.set(entries)
         body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def stats(self, _req: web.Request) -> web.Response:
-        entries = await self.store.count()
-        stats = self.metrics.stats(entries, self.trust.state if self.chat_tokens is not None else "off")
+        entries = await self._count()  # None: the store is down (its errors are counted)
+        stats = self.metrics.stats(entries or 0, self.trust.state if self.chat_tokens is not None else "off")
         return web.Response(body=orjson.dumps(stats.to_json()), content_type="application/json")
 
     # ------------------------------------------------------------ completions
@@ -152,6 +165,8 @@ class Router:
         except MalformedAnswer as exc:  # counted by _after_failure; no engine URL to the client
             log.warning("malformed answer: %s", exc)
             return _error(502, f"the {exc.endpoint.role} engine's answer was malformed: {exc.detail}")
+        except EngineTimeout as exc:
+            return _error(504, exc.message)  # counted by _after_failure
         except UpstreamError as exc:
             self.metrics.upstream_errors.labels(exc.endpoint.role).inc()
             return _error(502, f"engine failed: {exc}")
@@ -165,7 +180,7 @@ class Router:
     async def _plan(self, ask: ClientRequest, gen: str, prefill: Endpoint) -> TurnPlan:
         """Take the conversation's entry and plan the turn on it (tokenizing only if needed)."""
         assert ask.key is not None
-        entry = await self.store.take(ask.key)
+        entry = await self._take(ask.key)
         now = time.time()
         if entry is not None:
             self.metrics.inter_turn_gap(now - entry.stored_at)
@@ -247,6 +262,8 @@ class Router:
     def _after_failure(self, attempt: Attempt, hop: Hop, ep: Endpoint, exc: UpstreamError) -> Retry | None:
         """Count the failure and apply retry's decision to the engine's health."""
         self.metrics.upstream_errors.labels(hop.value).inc()
+        if isinstance(exc, EngineTimeout):
+            return None  # the turn's time is spent: 504, and the engine is slow, not gone
         again = retry.after_failure(attempt, hop, exc.status)
         if again is not None:
             if again.unreachable:
@@ -259,6 +276,10 @@ class Router:
         ep.outstanding += 1
         try:
             return await self.upstream.post_json(ep, path, body, ask.headers)
+        except UpstreamError as exc:
+            if _is_timeout(exc.__cause__):
+                raise EngineTimeout(ep, self.cfg.upstream_timeout_seconds) from exc
+            raise
         finally:
             ep.outstanding -= 1
 
@@ -278,6 +299,8 @@ class Router:
                 ctx = self.upstream.open(decode, ask.path, body, ask.headers)
                 resp = await ctx.__aenter__()
             except (aiohttp.ClientError, TimeoutError) as exc:
+                if _is_timeout(exc):
+                    raise EngineTimeout(decode, self.cfg.upstream_timeout_seconds) from exc
                 raise UpstreamError(decode, None, repr(exc)) from exc
             try:
                 if resp.status >= 400:
@@ -342,7 +365,17 @@ class Router:
                     self.metrics.ttft.observe(time.perf_counter() - done.started)
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("decode stream broke: %r", exc)
+            self.metrics.upstream_errors.labels(Hop.DECODE.value).inc()
             filt.captured.kv = None  # incomplete turn: do not store
+            # The status line has left: say so in the stream, as vLLM does for an error after
+            # the first chunk, and no [DONE], so no client takes the cut answer for a whole one.
+            what = "timed out (upstreamTimeoutSeconds)" if isinstance(exc, TimeoutError) else "broke off"
+            err = {
+                "error": {"message": f"decode {decode.url} {what}: {exc!r}", "type": "pdx_router_error", "code": 502}
+            }
+            await out.write(b"data: " + orjson.dumps(err) + b"\n\n")  # whole lines only were written
+            await out.write_eof()
+            return out
         if rest := filt.flush():
             await store_once_captured()
             await out.write(rest)
@@ -436,11 +469,33 @@ class Router:
             log.error("the router's tokenizer disagrees with the engine's: /tokenize from now on")
         self.trust = self.trust.after_mismatch()
 
+    # A store outage must not fail requests: the turn goes on as plain P/D (no entry to
+    # read) and is not kept; each failure is logged and counted (pdx_router_store_errors).
+
+    async def _take(self, key: str) -> Entry | None:
+        try:
+            return await self.store.take(key)
+        except Exception as exc:
+            self._store_failed("take", exc)
+            return None
+
     async def _put(self, key: str, entry: Entry) -> None:
         try:
             await self.store.put(key, entry)
-        except Exception as exc:  # a store outage must not fail requests
-            log.warning("store.put failed: %r", exc)
+        except Exception as exc:
+            self._store_failed("put", exc)
+
+    async def _count(self) -> int | None:
+        try:
+            return await self.store.count()
+        except Exception as exc:
+            self._store_failed("count", exc)
+            return None
+
+    def _store_failed(self, op: str, exc: Exception) -> None:
+        self.metrics.store_errors.labels(op).inc()
+        log.warning("store.%s failed, the turn goes on without the store: %r", op, exc)
+
 
 
 ROUTER = web.AppKey("router", Router)

@@ -69,6 +69,12 @@ class Metrics:
             registry=r,
         )
         self.upstream_errors = Counter("pdx_router_upstream_errors", "Engine errors by role.", ["role"], registry=r)
+        self.store_errors = Counter(
+            "pdx_router_store_errors",
+            "Entry store calls that failed (the turn went on as plain P/D, or was not kept).",
+            ["op"],
+            registry=r,
+        )
         for o in REUSE_OUTCOMES:
             self.reuse.labels(o)
         self._counts = dict.fromkeys(REUSE_OUTCOMES, 0)
