@@ -497,7 +497,6 @@ class Router:
         log.warning("store.%s failed, the turn goes on without the store: %r", op, exc)
 
 
-
 ROUTER = web.AppKey("router", Router)
 
 

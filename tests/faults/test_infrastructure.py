@@ -1,0 +1,609 @@
+"""Infrastructure faults: Redis, a router restart, decode dying mid-stream, prefill hanging,
+a refused read, a client that goes away, a slow client, and a soak.
+
+Each fault is injected, then checked: what the client got, what was stored, what the
+metrics say, and that the router keeps serving. Figures go to tests/faults/tally.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from pdx.local.topology import free_port
+from pdx_router.app import ROUTER, Router, build_app
+from pdx_router.config import RouterConfig, StoreConfig
+from pdx_router.store import MemoryStore
+from pdx_router.testing.fake_engine import Cluster, EngineOptions, FakeEngine
+from tests.faults.tally import TALLY
+from tests.router.conftest import StackFactory, start_router
+from tests.router.helpers import LONG, assistant, user
+
+pytestmark = pytest.mark.faults
+
+CHAT = "/v1/chat/completions"
+
+
+# ---------------------------------------------------------------- helpers
+
+
+@dataclass
+class Conversation:
+    """One client's conversation: each turn adds the answer and a new question."""
+
+    cid: str
+    messages: list[dict[str, Any]] = field(default_factory=lambda: [user(LONG)])
+    n: int = 0
+
+    async def turn(
+        self, http: aiohttp.ClientSession, url: str, stream: bool = False, expect_ok: bool = True
+    ) -> tuple[int, dict[str, str], Any]:
+        body = {"model": "Qwen", "messages": self.messages, "stream": stream, "conversation_id": self.cid}
+        TALLY.turns += 1
+        try:
+            async with asyncio.timeout(20):
+                async with http.post(url + CHAT, json=body) as r:
+                    raw = await r.read()
+                    status, headers = r.status, dict(r.headers)
+        except TimeoutError:
+            TALLY.lost += 1
+            raise
+        if status != 200:
+            if expect_ok:
+                TALLY.lost += 1
+            return status, headers, raw
+        if stream:
+            lines = [ln for ln in raw.split(b"\n") if ln.startswith(b"data: ")]
+            text = "".join(
+                (c.get("delta") or {}).get("content") or ""
+                for ln in lines
+                if ln != b"data: [DONE]"
+                for c in orjson.loads(ln[6:]).get("choices", [])
+            )
+            data: Any = lines
+        else:
+            data = orjson.loads(raw)
+            text = data["choices"][0]["message"]["content"]
+        self.n += 1
+        self.messages = [*self.messages, assistant(text.strip()), user(f"and then {self.n}?")]
+        return status, headers, data
+
+
+async def stats(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with http.get(url + "/v1/pdx/stats") as r:
+        assert r.status == 200
+        doc: dict[str, Any] = orjson.loads(await r.read())
+        return doc
+
+
+async def metric(http: aiohttp.ClientSession, url: str, name: str) -> float:
+    """The sum of a Prometheus sample over its label sets (0 if absent)."""
+    async with http.get(url + "/metrics") as r:
+        assert r.status == 200
+        text = await r.text()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def tally_reads(cluster: Cluster) -> None:
+    TALLY.reads += len(cluster.reads)
+    TALLY.wrong_kv += sum(not r.correct for r in cluster.reads)
+
+
+async def until(cond: Any, timeout: float = 5.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class RedisServer:
+    """A redis-server on loopback that the test can kill and start again on the same port."""
+
+    def __init__(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            pytest.skip("redis-server is not on PATH (apt-get install redis-server)")
+        self.exe = exe
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("redis-server did not start")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self.proc = None
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    srv = RedisServer()
+    srv.start()
+    yield srv
+    if srv.proc is not None:
+        srv.kill()
+
+
+class KillableEngine:
+    """A fake engine whose server can be killed (connections cut, no graceful drain) and
+    started again on the same port."""
+
+    def __init__(self, cluster: Cluster, opts: EngineOptions) -> None:
+        self.cluster, self.opts = cluster, opts
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.engine: FakeEngine | None = None
+        self.runner: web.AppRunner | None = None
+
+    async def start(self) -> FakeEngine:
+        self.engine = FakeEngine(self.cluster, self.opts)
+        self.runner = web.AppRunner(self.engine.app, handler_cancellation=True, access_log=None, shutdown_timeout=0.1)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        return self.engine
+
+    async def kill(self) -> None:
+        assert self.runner is not None and self.runner.server is not None
+        for proto in list(self.runner.server.connections):
+            if proto.transport is not None:
+                proto.transport.abort()
+        await self.runner.cleanup()
+        self.runner = None
+
+
+@pytest.fixture
+async def killable() -> AsyncIterator[list[KillableEngine]]:
+    engines: list[KillableEngine] = []
+    yield engines
+    for e in engines:
+        if e.runner is not None:
+            await e.runner.cleanup()
+
+
+def injected(name: str) -> str:
+    TALLY.injected.append(name)
+    return name
+
+
+def survived(name: str) -> None:
+    TALLY.survived.append(name)
+
+
+# ---------------------------------------------------------------- Redis
+
+
+async def test_redis_killed_mid_run_then_restarted(
+    make_stack: StackFactory, http: aiohttp.ClientSession, redis_server: RedisServer
+) -> None:
+    s = await make_stack(store=StoreConfig(kind="redis", url=redis_server.url, key_prefix="pdx-faults-a:"))
+    conv = Conversation("redis-1")
+    assert (await conv.turn(http, s.url))[1]["X-PDX-Reuse"] == "miss"
+    assert (await conv.turn(http, s.url))[1]["X-PDX-Reuse"] == "hit"
+
+    fault = injected("redis killed mid-run")
+    redis_server.kill()
+    for _ in range(3):
+        t0 = time.perf_counter()
+        status, headers, _ = await conv.turn(http, s.url)
+        assert status == 200, "a store outage must degrade to plain P/D, not fail the turn"
+        assert headers["X-PDX-Reuse"] == "miss"  # no entry can be read while Redis is down
+        assert time.perf_counter() - t0 < 3.0
+    status, headers, lines = await conv.turn(http, s.url, stream=True)
+    assert status == 200 and lines[-1] == b"data: [DONE]"
+    doc = await stats(http, s.url)  # still answers while the store is down
+    assert doc["reuse"]["hit"] == 1
+    assert await metric(http, s.url, "pdx_router_store_errors_total") >= 8  # a take and a put per turn
+
+    redis_server.start()  # same port: the client reconnects by itself
+    assert (await conv.turn(http, s.url))[1]["X-PDX-Reuse"] == "miss"  # nothing was stored meanwhile
+    assert (await conv.turn(http, s.url))[1]["X-PDX-Reuse"] == "hit"  # reuse resumes
+    assert (await stats(http, s.url))["entries"] == 1
+    tally_reads(s.cluster)
+    assert all(r.correct for r in s.cluster.reads) and len(s.cluster.reads) == 2
+    survived(fault)
+
+
+async def test_router_restart_on_redis_keeps_reuse(
+    make_stack: StackFactory, http: aiohttp.ClientSession, redis_url: str
+) -> None:
+    s = await make_stack(store=StoreConfig(kind="redis", url=redis_url, key_prefix="pdx-faults-b:"))
+    conv = Conversation("restart-1")
+    assert (await conv.turn(http, s.url))[1]["X-PDX-Reuse"] == "miss"
+    fault = injected("router restarted (Redis store)")
+    cfg = s.router.cfg
+    await s.runners.pop().cleanup()  # the router goes away with its memory
+    router, runner, url = await start_router(cfg)
+    s.runners.append(runner)
+    status, headers, _ = await conv.turn(http, url)
+    assert status == 200 and headers["X-PDX-Reuse"] == "hit"
+    assert (await stats(http, url))["reuse"]["hit"] == 1
+    assert await metric(http, url, "pdx_router_reuse_total") == 1
+    tally_reads(s.cluster)
+    assert [r.correct for r in s.cluster.reads] == [True]
+    assert router is not s.router
+    survived(fault)
+
+
+# ---------------------------------------------------------------- engines
+
+
+async def test_decode_killed_mid_stream(
+    make_stack: StackFactory, http: aiohttp.ClientSession, killable: list[KillableEngine]
+) -> None:
+    cl = Cluster()
+    for i in range(2):
+        k = KillableEngine(cl, EngineOptions("decode", f"decode-{i}", token_delay=0.05, output_tokens=40))
+        await k.start()
+        killable.append(k)
+    s = await make_stack(
+        n_decode=0, cluster=cl, decode=tuple(k.url for k in killable), health_check_interval_seconds=0.1
+    )
+    conv = Conversation("dies-1")
+    await conv.turn(http, s.url)  # an entry on one decode
+    assert (await stats(http, s.url))["entries"] == 1
+
+    fault = injected("decode killed mid-stream")
+    body = {"model": "Qwen", "messages": conv.messages, "stream": True, "conversation_id": conv.cid}
+    TALLY.turns += 1
+    t0 = time.perf_counter()
+    got = b""
+    async with asyncio.timeout(10):  # no hang
+        async with http.post(s.url + CHAT, json=body) as r:
+            assert r.status == 200 and r.headers["X-PDX-Reuse"] == "hit"
+            while got.count(b"data: ") < 3:
+                got += await r.content.readany()
+            victim = next(
+                k
+                for k in killable
+                if k.engine is not None and k.engine.requests[-1:] and k.engine.requests[-1][1].get("stream")
+            )
+            await victim.kill()
+            got += await r.content.read()
+    elapsed = time.perf_counter() - t0
+    events = [ln for ln in got.split(b"\n") if ln.startswith(b"data: ")]
+    assert b"data: [DONE]" not in events  # the answer is not passed off as complete
+    err = orjson.loads(events[-1][6:])
+    assert "error" in err and "decode" in err["error"]["message"], err
+    TALLY.expected_errors += 1
+    assert elapsed < 5
+    assert (await stats(http, s.url))["entries"] == 0  # nothing stored for the broken turn
+    assert await metric(http, s.url, "pdx_router_upstream_errors_total") >= 1
+
+    dead = next(ep for ep in s.router.pool.endpoints if ep.url == victim.url)
+    await until(lambda: not dead.healthy, what="the dead decode taken out")
+    other = next(k for k in killable if k is not victim)
+    assert other.engine is not None
+    before = len(other.engine.requests)
+    status, headers, _ = await conv.turn(http, s.url)  # the next turn, on the other decode
+    assert status == 200 and headers["X-PDX-Reuse"] == "miss"
+    assert len(other.engine.requests) == before + 1
+
+    await victim.start()  # the decode comes back on its address
+    await until(lambda: dead.healthy, what="the decode back in")
+    for _ in range(2):
+        status, _, _ = await conv.turn(http, s.url, stream=True)
+        assert status == 200
+    tally_reads(cl)
+    assert all(r.correct for r in cl.reads)
+    survived(fault)
+
+
+async def test_prefill_hanging_ends_at_the_timeout_with_504(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(prefill_opts={"prefill_delay": 60.0}, upstream_timeout_seconds=0.5)
+    fault = injected("prefill hanging")
+    conv = Conversation("hang-1")
+    for stream in (False, True):
+        t0 = time.perf_counter()
+        status, _, raw = await conv.turn(http, s.url, stream=stream, expect_ok=False)
+        elapsed = time.perf_counter() - t0
+        assert status == 504, (status, raw)
+        TALLY.expected_errors += 1
+        message = orjson.loads(raw)["error"]["message"]
+        assert "prefill" in message and "timed out" in message and "upstreamTimeoutSeconds" in message, message
+        assert 0.45 < elapsed < 0.9, elapsed  # one timeout, not one per try
+    assert s.prefill.cancelled >= 1  # the engine saw the request go
+    assert await metric(http, s.url, "pdx_router_upstream_errors_total") == 2
+    assert all(ep.healthy for ep in s.router.pool.endpoints)  # slow is not gone
+    s.prefill.opts.prefill_delay = 0.0  # it recovers
+    status, headers, _ = await conv.turn(http, s.url)
+    assert status == 200 and headers["X-PDX-Reuse"] == "miss"
+    survived(fault)
+
+
+async def test_decode_read_refused_is_retried_without_reuse(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(prefill_opts={"fail_reads": True})
+    conv = Conversation("refused-1")
+    await conv.turn(http, s.url)
+    fault = injected("decode's KV read refused (500)")
+    for stream in (False, True):
+        status, headers, _ = await conv.turn(http, s.url, stream=stream)
+        assert status == 200 and headers["X-PDX-Reuse"] == "declined"
+        assert headers["X-PDX-Reused-Tokens"] == "0"
+    assert (await stats(http, s.url))["reuse"]["declined"] == 2
+    assert await metric(http, s.url, "pdx_router_upstream_errors_total") == 2
+    assert (await stats(http, s.url))["entries"] == 1  # the retried turn is kept
+    tally_reads(s.cluster)
+    assert len(s.cluster.reads) == 2 and all(r.correct for r in s.cluster.reads)
+    survived(fault)
+
+
+# ---------------------------------------------------------------- clients
+
+
+@pytest.mark.parametrize("during", ["decode", "prefill"])
+async def test_client_disconnect_mid_stream_aborts_the_engines(
+    make_stack: StackFactory, http: aiohttp.ClientSession, during: str
+) -> None:
+    s = await make_stack(decode_opts={"token_delay": 0.05, "output_tokens": 60})
+    conv = Conversation(f"leaves-{during}")
+    await conv.turn(http, s.url)
+    fault = injected(f"client disconnected during {during}")
+    if during == "prefill":
+        s.prefill.opts.prefill_delay = 30.0
+    body = {"model": "Qwen", "messages": conv.messages, "stream": True, "conversation_id": conv.cid}
+    TALLY.turns += 1
+    async with asyncio.timeout(5):
+        r = await http.post(s.url + CHAT, json=body) if during == "decode" else None
+        if r is not None:
+            assert r.status == 200
+            await r.content.readany()
+            r.close()  # the client goes away mid-stream
+        else:
+            seen = len(s.prefill.requests)
+            task = asyncio.create_task(http.post(s.url + CHAT, json=body))
+            await until(lambda: any(p != "/tokenize" for p, _ in s.prefill.requests[seen:]), what="prefill")
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    engine = s.decode if during == "decode" else s.prefill
+    await until(lambda: engine.cancelled == 1, what=f"{during} to see the request aborted")
+    assert (await stats(http, s.url))["entries"] == 0  # the entry was taken, nothing stored
+    s.prefill.opts.prefill_delay = 0.0
+    status, headers, _ = await conv.turn(http, s.url)
+    assert status == 200 and headers["X-PDX-Reuse"] == "miss"
+    tally_reads(s.cluster)
+    assert all(r.correct for r in s.cluster.reads)
+    survived(fault)
+
+
+def _rss(pid: int | None = None) -> int:
+    """Resident set size in bytes, from /proc (Linux, as CI)."""
+    with open(f"/proc/{pid or 'self'}/status") as fh:
+        kb = next(line.split()[1] for line in fh if line.startswith("VmRSS:"))
+    return int(kb) * 1024
+
+
+async def test_slow_client_keeps_router_memory_bounded(make_stack: StackFactory) -> None:
+    """A router process streams a ~20 MB answer to a client that stops reading: aiohttp's
+    write backpressure stops the router reading decode, so decode cannot finish while the
+    client stalls and the router's RSS does not grow with the answer."""
+    tokens = 120_000
+    s = await make_stack(routers=0, decode_opts={"output_tokens": tokens})
+    port = free_port()
+    exe = [sys.executable, "-m", "pdx_router.main", "--port", str(port), "--host", "127.0.0.1"]
+    exe += ["--prefill", s.prefill_urls[0], "--decode", s.decode_urls[0], "--model", "Qwen", "--generation", "g1"]
+    proc = subprocess.Popen(exe, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
+    fault = injected("slow client")
+    try:
+        async with aiohttp.ClientSession() as http:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    async with http.get(f"http://127.0.0.1:{port}/ready") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                assert time.monotonic() < deadline, "router did not start"
+                await asyncio.sleep(0.1)
+        base = _rss(proc.pid)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=16384)
+        body = orjson.dumps({"model": "Qwen", "messages": [user(LONG)], "stream": True})
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await writer.drain()
+        TALLY.turns += 1
+        got = len(await reader.read(8192))
+        peak = base
+        for _ in range(20):  # the client stalls for 2 s
+            await asyncio.sleep(0.1)
+            peak = max(peak, _rss(proc.pid))
+        assert not s.cluster.held, "decode finished while the client was stalled: the router buffered it"
+        t0 = time.perf_counter()
+        async with asyncio.timeout(60):
+            tail = b""
+            while chunk := await reader.read(65536):  # to the end: the router closes the connection
+                got += len(chunk)
+                tail = (tail + chunk)[-64:]
+        assert b"data: [DONE]" in tail
+        writer.close()
+        assert s.cluster.held  # the answer did complete
+        growth = (peak - base) / 2**20
+        TALLY.notes.append(
+            f"slow client: {got / 2**20:.1f} MB streamed; router RSS {base / 2**20:.1f} MB before, "
+            f"peak {peak / 2**20:.1f} MB while the client stalled (+{growth:.1f} MB); "
+            f"drained in {time.perf_counter() - t0:.1f} s"
+        )
+        assert got > 15 * 2**20
+        assert growth < 8, growth
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    survived(fault)
+
+
+# ---------------------------------------------------------------- soak
+
+
+async def test_soak_entries_bounded_rss_flat_no_failures(make_stack: StackFactory) -> None:
+    conversations, turns_each, concurrency, max_entries, ttl, grace = 300, 10, 48, 32, 1.0, 0.5
+    s = await make_stack(routers=0)
+    cfg = RouterConfig(
+        served_model_name="Qwen",
+        generation="g1",
+        prefill=tuple(s.prefill_urls),
+        decode=tuple(s.decode_urls),
+        kv_recompute_threshold=8,
+        health_check_interval_seconds=60,
+        max_entries=max_entries,
+        conversation_ttl_seconds=ttl,
+    )
+    app = build_app(cfg, MemoryStore(max_entries, grace=grace))
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    s.runners.append(runner)
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    router: Router = app[ROUTER]
+    fault = injected("soak")
+    failures: list[Any] = []
+    peak_entries = 0
+    done = 0
+    rss_start = 0
+
+    async def one(http: aiohttp.ClientSession, i: int, sem: asyncio.Semaphore) -> None:
+        nonlocal peak_entries, done
+        async with sem:
+            conv = Conversation(f"soak-{i}")
+            for t in range(turns_each):
+                if i % 10 == 0 and t == 5:
+                    await asyncio.sleep(ttl + 0.05)  # past the deadline: expired
+                status, _, data = await conv.turn(http, url, stream=(i + t) % 2 == 0, expect_ok=True)
+                if status != 200:
+                    failures.append((i, t, status, data))
+                    return
+                done += 1
+                peak_entries = max(peak_entries, len(router.store._items))  # type: ignore[attr-defined]
+
+    t0 = time.perf_counter()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as http:
+        warm = asyncio.Semaphore(concurrency)
+        await asyncio.gather(*(one(http, -1 - i, warm) for i in range(20)))
+        for eng in (*s.prefills, *s.decodes):
+            eng.requests.clear()
+        rss_start = _rss()
+        sem = asyncio.Semaphore(concurrency)
+        tasks = [asyncio.create_task(one(http, i, sem)) for i in range(conversations)]
+        while not all(t.done() for t in tasks):
+            await asyncio.sleep(0.5)
+            for eng in (*s.prefills, *s.decodes):
+                eng.requests.clear()  # the fakes' request log, not the router's memory
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - t0
+        rss_end = _rss()
+        doc = await stats(http, url)
+        await asyncio.sleep(ttl + grace + 0.1)
+        after_deadline = (await stats(http, url))["entries"]
+    reuse = doc["reuse"]
+    TALLY.soak.update(
+        turns=done,
+        conversations=conversations,
+        max_entries=max_entries,
+        peak_entries=peak_entries,
+        entries_end=doc["entries"],
+        entries_after_deadline=after_deadline,
+        rss_start_mb=round(rss_start / 2**20, 1),
+        rss_end_mb=round(rss_end / 2**20, 1),
+        seconds=round(elapsed, 1),
+    )
+    TALLY.notes.append("soak outcomes: " + ", ".join(f"{k}={v}" for k, v in reuse.items() if v))
+    tally_reads(s.cluster)
+    assert not failures, failures[:3]
+    assert done == conversations * turns_each + 20 * turns_each
+    assert peak_entries <= max_entries and doc["entries"] <= max_entries
+    assert after_deadline == 0  # the deadline sweeps what LRU left
+    assert reuse["hit"] > 2000
+    # each first turn misses; a conversation that pauses past the deadline finds its entry
+    # expired, or already gone to LRU (48 live conversations, 32 entries)
+    assert reuse["miss"] + reuse["expired"] >= conversations + 20 + conversations // 10
+    assert all(r.correct for r in s.cluster.reads)
+    assert rss_end - rss_start < 64 * 2**20, (rss_start, rss_end)
+    survived(fault)
+
+
+class DownStore:
+    """A store whose every call fails, like Redis with nothing listening."""
+
+    async def take(self, key: str) -> Any:
+        raise ConnectionError("store down")
+
+    async def put(self, key: str, entry: Any) -> None:
+        raise ConnectionError("store down")
+
+    async def count(self) -> int:
+        raise ConnectionError("store down")
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_store_that_fails_every_call_degrades_to_plain_pd(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(routers=0)
+    cfg = RouterConfig(
+        served_model_name="Qwen", generation="g1", prefill=tuple(s.prefill_urls), decode=tuple(s.decode_urls)
+    )
+    app = build_app(cfg, DownStore())
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    s.runners.append(runner)
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    conv = Conversation("down-1")
+    for stream in (False, True, False):
+        status, headers, _ = await conv.turn(http, url, stream=stream)
+        assert status == 200 and headers["X-PDX-Reuse"] == "miss"
+    assert (await stats(http, url))["entries"] == 0
+    async with http.get(url + "/metrics") as r:
+        text = await r.text()
+    for op, n in (("take", 3), ("put", 3)):
+        assert f'pdx_router_store_errors_total{{op="{op}"}} {n}.0' in text, text
+    assert 'pdx_router_store_errors_total{op="count"}' in text
