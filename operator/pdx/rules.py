@@ -133,6 +133,18 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
+        field="kvTransfer.backends",
+        expression=(
+            "!has(self.kvTransfer.backends) || !('LIBFABRIC' in self.kvTransfer.backends) || "
+            "size(self.kvTransfer.backends) == 1 || "
+            "(has(self.placement.efaCheck) && !self.placement.efaCheck)"
+        ),
+        message=(
+            "kvTransfer.backends must list LIBFABRIC alone on EFA nodes (the engine refuses to start when NIXL "
+            "also instantiates another backend, whose KV would go over TCP), or set placement.efaCheck: false"
+        ),
+    ),
+    Rule(
         field="router.store.url",
         expression="self.router.store.kind != 'redis' || has(self.router.store.url)",
         message="router.store.url is required when router.store.kind is redis: set redis://HOST:6379/0",

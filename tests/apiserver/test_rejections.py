@@ -121,6 +121,11 @@ TABLE: dict[str, Row] = {
         "kvTransfer.backends LIBFABRIC needs EFA devices on the node: use UCX, or an instance type "
         "(or placement.efaDevicesPerNode) with EFA",
     ),
+    "LIBFABRIC beside another backend on EFA": _cel(
+        "kvTransfer.backends",
+        "kvTransfer.backends must list LIBFABRIC alone on EFA nodes (the engine refuses to start when NIXL "
+        "also instantiates another backend, whose KV would go over TCP), or set placement.efaCheck: false",
+    ),
     "redis store without URL": _cel(
         "router.store.url", "router.store.url is required when router.store.kind is redis: set redis://HOST:6379/0"
     ),

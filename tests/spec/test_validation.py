@@ -71,6 +71,11 @@ INVALID = [
         {"placement.instanceType": "cpu", "kvTransfer.backends": ["LIBFABRIC"]},
         "spec.kvTransfer.backends",
     ),
+    (
+        "LIBFABRIC beside another backend on EFA",
+        {"kvTransfer.backends": ["LIBFABRIC", "UCX"]},
+        "spec.kvTransfer.backends",
+    ),
     ("redis store without URL", {"router.store": {"kind": "redis"}}, "spec.router.store.url"),
     ("two routers without a shared store", {"router.replicas": 2}, "spec.router.replicas"),
     ("router tokenizer without a model cache PVC", {"router.tokenizer": "router"}, "spec.router.tokenizer"),
@@ -103,6 +108,10 @@ VALID = [
     ("xPyD with TP ratio 2", {"prefill.tensorParallelSize": 8, "decode.tensorParallelSize": 4}),
     ("router TTL at the limit", {"kvTransfer.decoderKvBlocksTtlSeconds": 100, "router.conversationTtlSeconds": 95}),
     ("the shortest lease", {"kvTransfer.kvLeaseDurationSeconds": 6}),
+    (
+        "LIBFABRIC beside UCX with the EFA check off",
+        {"kvTransfer.backends": ["LIBFABRIC", "UCX"], "placement.efaCheck": False},
+    ),
     (
         "the longest lease, with the shortest decoder TTL",
         {"kvTransfer.kvLeaseDurationSeconds": 3600, "kvTransfer.decoderKvBlocksTtlSeconds": 6},
