@@ -16,8 +16,9 @@ import orjson
 import pytest
 
 from pdx_router.entries import Entry
-from pdx_router.policy.shapes import entry_key, tenant_of
+from pdx_router.policy.shapes import entry_key, request_problem, tenant_of
 from pdx_router.store import MemoryStore
+from pdx_router.upstream import StreamFilter, well_formed_kv
 from tests.faults.tally import TALLY
 from tests.router.conftest import Stack, StackFactory
 from tests.router.helpers import LONG, assistant, user
@@ -497,13 +498,13 @@ async def test_an_x_session_id_of_any_bytes_reuses(
 
 @pytest.mark.parametrize("value", [b"z" * 10240, b"a\x01b", b"a\x7fb"])
 async def test_an_x_session_id_the_server_refuses_is_a_clean_4xx(make_stack: StackFactory, value: bytes) -> None:
-    """Above aiohttp's header size, or with a control character HTTP forbids: aiohttp's own
-    400 (or 431), before the router reads anything."""
+    """Above aiohttp's header size (8190 bytes), or with a control character HTTP forbids:
+    aiohttp's own 400, before the router reads anything."""
     s = await make_stack()
     status, raw = await _raw_post(
         s, orjson.dumps({"model": "Qwen", "messages": [user(LONG)]}), [(b"X-Session-ID", value)]
     )
-    assert status in (200, 400, 431), raw
+    assert status == 400, raw
     _clean(s, raw)
     _record(f"X-Session-ID of {len(value)} bytes with {value[1:2]!r}", True)
 
@@ -576,3 +577,70 @@ async def test_kv_and_conversation_in_odd_places_never_reach_another_entry(
         assert "kv_transfer_params" not in (body.get("vllm_xargs") or {})
     assert s.cluster.reads == []
     _record("odd places: the other conversation", await _victim_untouched(http, s, before, first_v))
+
+
+# ---------------------------------------------------------------- the pure parts
+
+
+def test_well_formed_kv_admits_vllms_forms_and_nothing_else() -> None:
+    decode_kv = {
+        "do_remote_prefill": False,
+        "do_remote_decode": True,
+        "remote_block_ids": [[1, 2, 3, 4, 5, 6, 7, 8]],
+        "remote_engine_id": "local-decode-0-local43263",
+        "remote_request_id": "chatcmpl-8e326264c33415b4-89520815",
+        "remote_host": "127.0.0.1",
+        "remote_port": 41039,
+        "remote_num_tokens": 989,
+        "remote_blocks_expiry_time": 20921.77324235,
+        "transfer_mode": "pull",
+    }
+    fresh = {"do_remote_decode": True, "remote_block_ids": None, "remote_host": None, "remote_port": None}
+    assert well_formed_kv(decode_kv) and well_formed_kv(fresh) and well_formed_kv({})
+    assert well_formed_kv({**decode_kv, "remote_block_ids": [[1, 2], [3, 4]], "unknown": [1]})
+    assert not any(well_formed_kv(bad) for bad in BAD_KV.values())
+    assert not well_formed_kv(None)
+
+
+def test_request_problem_admits_what_a_client_may_send() -> None:
+    ok: list[dict[str, Any]] = [
+        {"messages": [user("x")]},
+        {"messages": [], "stream": None, "max_tokens": None},
+        {"messages": [user("x")], "stream": True, "max_tokens": 0, "max_completion_tokens": 16},
+        {"messages": [user("x")], "conversation_id": "", "n": 2},
+    ]
+    assert [request_problem(b, True) for b in ok] == [None] * len(ok)
+    for prompt in ("text", [1, 2], ["a", "b"], [[1, 2]]):
+        assert request_problem({"prompt": prompt}, False) is None
+    assert request_problem({}, False) is None  # a completion without a prompt: the engine's to judge
+    for change, message in WRONG_TYPES.values():
+        body = {"messages": [user("x")], **change}
+        if not change:  # messages_missing
+            del body["messages"]
+        assert request_problem(body, True) == message
+
+
+def test_the_stream_filter_drops_what_it_cannot_read_and_stops_there() -> None:
+    kv = orjson.dumps(EVIL)
+    # a JSON answer where a stream was expected: not a data line, yet it carries kv
+    f = StreamFilter(capture=True, strip_ids=True)
+    assert f.feed(b'{"choices":[],"kv_transfer_params":' + kv + b"}\n") == b""
+    assert f.dropped == 1 and f.captured.kv is None
+    # a data line holding an array
+    f = StreamFilter(capture=True, strip_ids=True)
+    assert f.feed(b'data: [{"kv_transfer_params":' + kv + b"}]\n\n") == b"\n"
+    assert f.dropped == 1 and f.captured.kv is None
+    # a last line cut short without its line end, that names no field: still dropped
+    f = StreamFilter(capture=True, strip_ids=True)
+    assert f.feed(b'data: {"id":"x","choices":[]}\n\ndata: {"id":"cmpl-de') == b'data: {"id":"x","choices":[]}\n\n'
+    assert f.flush() == b"" and f.dropped == 1
+    # the relay's mode: nothing after a dropped line, not even [DONE]
+    f = StreamFilter(capture=True, strip_ids=True)
+    f.stop_at_drop = True
+    out = f.feed(b'data: {"a":1}\n\ndata: {"kv_transfer_params":' + kv + b",}\n\ndata: [DONE]\n\n")
+    assert out == b'data: {"a":1}\n\n' and f.dropped == 1
+    # a line longer than the limit: dropped, and the rest of the stream with it
+    f = StreamFilter(capture=True, strip_ids=True)
+    f.max_line_bytes = 100
+    assert f.feed(b'data: {"a":1}\n\ndata: {"pad":"' + b"x" * 200) == b'data: {"a":1}\n\n'
+    assert f.oversized and f.feed(b'"}\n\ndata: [DONE]\n\n') == b"" and f.flush() == b""
