@@ -203,6 +203,7 @@ STREAMS = {
     "truncated_stream": "it ended before [DONE]",
     "oversized_body": "a line above the size limit",
     "json_not_object": "a line that is not readable JSON",
+    "junk_after_kv": "a line that is not readable JSON",  # in the block that holds the kv
 }
 
 

@@ -132,7 +132,7 @@ class EngineOptions:
     # Answer wrongly, on cue (the fault suite): "not_json", "wrong_content_type" (SSE to a
     # JSON request, JSON to a streamed one), "truncated_stream" (cut short), "oversized_body"
     # (malform_bytes of padding), "kv_wrong_shape" (bad_kv as kv_transfer_params),
-    # "json_not_object" (an array).
+    # "json_not_object" (an array), "junk_after_kv" (an unreadable line after the final chunk).
     malform: str | None = None
     bad_kv: Any = None
     malform_bytes: int = 1 << 16
@@ -438,6 +438,9 @@ class FakeEngine:
                 continue
             if last and bad == "json_not_object":
                 await resp.write(b"data: [" + chunk(choice, **extra)[6:-2] + b"]\n\n")
+                continue
+            if last and bad == "junk_after_kv":  # one write: one block for the router
+                await resp.write(chunk(choice, **extra) + b'data: {"kv_transfer_params": oops\n\n')
                 continue
             if i == 1 and bad == "oversized_body":
                 await resp.write(chunk({**choice, "padding": "x" * self.opts.malform_bytes}))
