@@ -368,6 +368,10 @@ WRONG_TYPES: dict[str, tuple[dict[str, Any], str]] = {
     "stream_zero": ({"stream": 0}, "stream: must be a boolean (true or false), not the number 0"),
     "stream_one": ({"stream": 1}, "stream: must be a boolean (true or false), not the number 1"),
     "stream_list": ({"stream": []}, "stream: must be a boolean (true or false), not an array"),
+    "return_token_ids_string": (
+        {"return_token_ids": "false"},
+        "return_token_ids: must be a boolean (true or false), not a string",
+    ),
     "conversation_number": ({"conversation_id": 7}, "conversation_id: must be a string, not the number 7"),
     "conversation_list": ({"conversation_id": [VICTIM]}, "conversation_id: must be a string, not an array"),
     "conversation_object": ({"conversation_id": {"id": VICTIM}}, "conversation_id: must be a string, not an object"),

@@ -67,9 +67,10 @@ def request_problem(body: dict[str, Any], is_chat: bool) -> str | None:
 
     Only the fields the router itself reads are checked here, so that what it decides (stream
     or not, which conversation) is what the engines do; the engines judge the rest."""
-    stream = body.get("stream")
-    if stream is not None and type(stream) is not bool:
-        return f"stream: must be a boolean (true or false), not {_kind(stream)}"
+    for name in ("stream", "return_token_ids"):  # a string "false" would read as true
+        flag = body.get(name)
+        if flag is not None and type(flag) is not bool:
+            return f"{name}: must be a boolean (true or false), not {_kind(flag)}"
     for name in ("max_tokens", "max_completion_tokens"):
         n = body.get(name)
         if n is not None and not (type(n) is int and n >= 0):
