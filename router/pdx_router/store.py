@@ -15,6 +15,10 @@ from typing import Protocol
 from .entries import Entry
 
 GRACE_SECONDS = 120.0
+# Each Redis call waits at most this long (connect or answer). A Redis that hangs would
+# otherwise hold every turn for redis-py's 5 s default, twice (take, then put); the router
+# goes on without the store instead. Redis answers in well under a millisecond.
+REDIS_TIMEOUT_SECONDS = 1.0
 
 
 class Store(Protocol):
@@ -65,7 +69,9 @@ class RedisStore:
     def __init__(self, url: str, key_prefix: str, max_entries: int, grace: float = GRACE_SECONDS) -> None:
         import redis.asyncio as aioredis
 
-        self._redis = aioredis.Redis.from_url(url)
+        self._redis = aioredis.Redis.from_url(
+            url, socket_timeout=REDIS_TIMEOUT_SECONDS, socket_connect_timeout=REDIS_TIMEOUT_SECONDS
+        )
         self._prefix = key_prefix
         self._index = f"{key_prefix}index"
         self._max = max_entries
