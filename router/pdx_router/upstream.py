@@ -359,6 +359,9 @@ class Upstream:
 
     def __init__(self, timeout_seconds: float) -> None:
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds, sock_connect=5)
+        # Decode's answer may stream for longer than the timeout: there it bounds silence (the
+        # wait for the headers and between reads), not the answer's length.
+        self._silence = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=timeout_seconds)
         self.max_answer_bytes = MAX_ANSWER_BYTES
         self.session: aiohttp.ClientSession | None = None
 
@@ -390,7 +393,9 @@ class Upstream:
 
     def open(self, ep: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
         """Start a request whose answer is read incrementally (the decode hop)."""
-        return self._s().post(ep.url + path, data=orjson.dumps(body), headers={**headers, **_JSON})
+        return self._s().post(
+            ep.url + path, data=orjson.dumps(body), headers={**headers, **_JSON}, timeout=self._silence
+        )
 
     async def get(self, url: str, timeout: float) -> tuple[int, bytes]:
         async with self._s().get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:

@@ -641,3 +641,38 @@ async def test_a_store_that_fails_every_call_degrades_to_plain_pd(
     for op, n in (("take", 3), ("put", 3)):
         assert f'pdx_router_store_errors_total{{op="{op}"}} {n}.0' in text, text
     assert 'pdx_router_store_errors_total{op="count"}' in text
+
+
+async def test_a_stream_longer_than_the_timeout_is_not_cut_but_a_silent_one_is(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    """upstreamTimeoutSeconds bounds how long an engine is silent, not how long a stream is:
+    a long, steady answer is whole; decode going quiet mid-stream ends it with an error event."""
+    s = await make_stack(decode_opts={"token_delay": 0.15, "output_tokens": 12}, upstream_timeout_seconds=0.6)
+    conv = Conversation("long-1")
+    t0 = time.perf_counter()
+    status, _, lines = await conv.turn(http, s.url, stream=True)
+    assert status == 200 and lines[-1] == b"data: [DONE]", lines[-2:]
+    assert time.perf_counter() - t0 > 1.5  # longer than the timeout, and whole
+    assert (await stats(http, s.url))["entries"] == 1
+    fault = injected("decode silent mid-stream")
+    s.decode.opts.token_delay = 30.0  # the first token, then nothing
+    body = {"model": "Qwen", "messages": conv.messages, "stream": True, "conversation_id": conv.cid}
+    TALLY.turns += 1
+    t0 = time.perf_counter()
+    async with asyncio.timeout(10), http.post(s.url + CHAT, json=body) as r:
+        assert r.status == 200
+        raw = await r.read()
+    elapsed = time.perf_counter() - t0
+    events = [ln for ln in raw.split(b"\n") if ln.startswith(b"data: ")]
+    assert b"data: [DONE]" not in events
+    message = orjson.loads(events[-1][6:])["error"]["message"]
+    assert "timed out" in message and "upstreamTimeoutSeconds" in message, message
+    TALLY.expected_errors += 1
+    assert 0.5 < elapsed < 1.5, elapsed
+    assert (await stats(http, s.url))["entries"] == 0
+    await until(lambda: s.decode.cancelled == 1, what="decode to see the request aborted")
+    s.decode.opts.token_delay = 0.0
+    status, _, _ = await conv.turn(http, s.url)
+    assert status == 200
+    survived(fault)
