@@ -294,7 +294,7 @@ async def test_decode_killed_mid_stream(
 ) -> None:
     cl = Cluster()
     for i in range(2):
-        k = KillableEngine(cl, EngineOptions("decode", f"decode-{i}", token_delay=0.05, output_tokens=40))
+        k = KillableEngine(cl, EngineOptions("decode", f"decode-{i}", output_tokens=40))
         await k.start()
         killable.append(k)
     s = await make_stack(
@@ -305,6 +305,8 @@ async def test_decode_killed_mid_stream(
     assert (await stats(http, s.url))["entries"] == 1
 
     fault = injected("decode killed mid-stream")
+    for k in killable:
+        k.opts.token_delay = 0.05  # a slow stream to kill in the middle of
     body = {"model": "Qwen", "messages": conv.messages, "stream": True, "conversation_id": conv.cid}
     TALLY.turns += 1
     t0 = time.perf_counter()
@@ -331,6 +333,8 @@ async def test_decode_killed_mid_stream(
     assert (await stats(http, s.url))["entries"] == 0  # nothing stored for the broken turn
     assert await metric(http, s.url, "pdx_router_upstream_errors_total") >= 1
 
+    for k in killable:
+        k.opts.token_delay = 0.0
     dead = next(ep for ep in s.router.pool.endpoints if ep.url == victim.url)
     await until(lambda: not dead.healthy, what="the dead decode taken out")
     other = next(k for k in killable if k is not victim)
@@ -400,9 +404,10 @@ async def test_decode_read_refused_is_retried_without_reuse(
 async def test_client_disconnect_mid_stream_aborts_the_engines(
     make_stack: StackFactory, http: aiohttp.ClientSession, during: str
 ) -> None:
-    s = await make_stack(decode_opts={"token_delay": 0.05, "output_tokens": 60})
+    s = await make_stack(decode_opts={"output_tokens": 60})
     conv = Conversation(f"leaves-{during}")
     await conv.turn(http, s.url)
+    s.decode.opts.token_delay = 0.05  # a slow stream to leave in the middle of
     fault = injected(f"client disconnected during {during}")
     if during == "prefill":
         s.prefill.opts.prefill_delay = 30.0
@@ -425,7 +430,7 @@ async def test_client_disconnect_mid_stream_aborts_the_engines(
     engine = s.decode if during == "decode" else s.prefill
     await until(lambda: engine.cancelled == 1, what=f"{during} to see the request aborted")
     assert (await stats(http, s.url))["entries"] == 0  # the entry was taken, nothing stored
-    s.prefill.opts.prefill_delay = 0.0
+    s.prefill.opts.prefill_delay = s.decode.opts.token_delay = 0.0
     status, headers, _ = await conv.turn(http, s.url)
     assert status == 200 and headers["X-PDX-Reuse"] == "miss"
     tally_reads(s.cluster)
