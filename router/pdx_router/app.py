@@ -69,10 +69,11 @@ class NoEngines(Exception):
 
 class EngineTimeout(UpstreamError):
     """No answer within upstreamTimeoutSeconds. The turn's time is spent, so it is not retried:
-    the client gets 504 naming the engine. The engine is not taken out: slow is not gone."""
+    the client gets 504 naming the role (its URL goes to the log only). The engine is not taken
+    out: slow is not gone."""
 
     def __init__(self, ep: Endpoint, seconds: float) -> None:
-        self.message = f"{ep.role} engine {ep.url} timed out: no answer within upstreamTimeoutSeconds ({seconds:g} s)"
+        self.message = f"the {ep.role} engine timed out: no answer within upstreamTimeoutSeconds ({seconds:g} s)"
         super().__init__(ep, None, self.message)
 
 
@@ -166,6 +167,7 @@ class Router:
             log.warning("malformed answer: %s", exc)
             return _error(502, f"the {exc.endpoint.role} engine's answer was malformed: {exc.detail}")
         except EngineTimeout as exc:
+            log.warning("engine timeout: %s", exc)  # with the engine's URL; the client gets the role
             return _error(504, exc.message)  # counted by _after_failure
         except UpstreamError as exc:
             self.metrics.upstream_errors.labels(exc.endpoint.role).inc()
@@ -364,14 +366,14 @@ class Router:
                     first = False
                     self.metrics.ttft.observe(time.perf_counter() - done.started)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("decode stream broke: %r", exc)
+            log.warning("decode stream from %s broke: %r", decode.url, exc)
             self.metrics.upstream_errors.labels(Hop.DECODE.value).inc()
             filt.captured.kv = None  # incomplete turn: do not store
             # The status line has left: say so in the stream, as vLLM does for an error after
             # the first chunk, and no [DONE], so no client takes the cut answer for a whole one.
             what = "timed out (upstreamTimeoutSeconds)" if isinstance(exc, TimeoutError) else "broke off"
             err = {
-                "error": {"message": f"decode {decode.url} {what}: {exc!r}", "type": "pdx_router_error", "code": 502}
+                "error": {"message": f"the decode engine's stream {what}", "type": "pdx_router_error", "code": 502}
             }
             await out.write(b"data: " + orjson.dumps(err) + b"\n\n")  # whole lines only were written
             await out.write_eof()
