@@ -16,29 +16,13 @@ from pdx.controller.rollout import PodView
 from pdx.spec import API_VERSION, KIND, ReuseStatus
 from tests.apiserver.client import Api, cr_path
 from tests.apiserver.server import ROOT
+from tests.operator.test_policies import fleet, pods
 
 pytestmark = pytest.mark.apiserver
 
 NOW = "2026-01-01T00:00:00Z"
 LATER = "2026-01-01T00:05:00Z"
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
-
-
-def pods(role: str, gen: str | None, n: int, *, ready: bool = True) -> list[PodView]:
-    return [PodView(name=f"{role}-{gen}-{i}", role=role, generation=gen, ready=ready, ip=f"10.0.0.{i + 1}")
-            for i in range(n)]  # fmt: skip
-
-
-def fleet(gen: str, p: int, d: int, r: int = 1, desired: tuple[int, int, int] = (2, 2, 1)) -> status.Observation:
-    return status.Observation(
-        generation=3,
-        config_hash=gen,
-        desired={"prefill": desired[0], "decode": desired[1], "router": desired[2]},
-        pods=[*pods("prefill", gen, p), *pods("decode", gen, d), *pods("router", None, r)],
-        published=gen,
-        router_address="http://demo-router.ns.svc:8000",
-        bidirectional=True,
-    )
 
 
 CRASHING = PodView(

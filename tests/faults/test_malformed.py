@@ -21,21 +21,11 @@ from pdx_router.store import MemoryStore
 from pdx_router.upstream import StreamFilter, well_formed_kv
 from tests.faults.tally import TALLY
 from tests.router.conftest import Stack, StackFactory
-from tests.router.helpers import LONG, assistant, user
+from tests.router.helpers import EVIL, LONG, assistant, user
 
 pytestmark = pytest.mark.faults
 
 CHAT = "/v1/chat/completions"
-EVIL = {
-    "do_remote_decode": True,
-    "do_remote_prefill": True,
-    "remote_engine_id": "decode-0",
-    "remote_block_ids": [[1, 2, 3]],
-    "remote_host": "169.254.169.254",
-    "remote_port": 80,
-    "remote_request_id": "someone-elses",
-    "remote_num_tokens": 48,
-}
 BAD_KV: dict[str, Any] = {
     "list": [1, 2, 3],
     "string": "remote_block_ids=1,2",

@@ -75,3 +75,15 @@ def entry(tokens: list[int], blocks: int, block_size: int | None = 4, deadline: 
         "remote_blocks_expiry_time": 9.0,
     }
     return Entry(kv, tokens, "http://d0", "g1", 0.0, deadline, block_size)
+
+# kv_transfer_params a client might send to steer prefill's read elsewhere (always stripped).
+EVIL = {
+    "do_remote_decode": True,
+    "do_remote_prefill": True,
+    "remote_engine_id": "decode-0",
+    "remote_block_ids": [[1, 2, 3]],
+    "remote_host": "169.254.169.254",
+    "remote_port": 80,
+    "remote_request_id": "someone-elses",
+    "remote_num_tokens": 48,
+}

@@ -8,18 +8,7 @@ import contextlib
 import aiohttp
 
 from .conftest import StackFactory
-from .helpers import LONG, assistant, chat, user
-
-EVIL = {
-    "do_remote_decode": True,
-    "do_remote_prefill": True,
-    "remote_engine_id": "decode-0",
-    "remote_block_ids": [[1, 2, 3]],
-    "remote_host": "169.254.169.254",
-    "remote_port": 80,
-    "remote_request_id": "someone-elses",
-    "remote_num_tokens": 48,
-}
+from .helpers import EVIL, LONG, assistant, chat, user
 
 
 async def test_client_kv_transfer_params_are_dropped_on_every_hop(
