@@ -17,7 +17,7 @@ images:                ## the operator and router images, with buildah on a base
 	scripts/build-images.sh
 
 lint:                  ## ruff + mypy --strict
-	.venv/bin/ruff check . && .venv/bin/mypy operator/pdx contract/pdx_contract engine/pdx_engine router/pdx_router benchmark/pdx_bench cli/pdx_cli tests
+	.venv/bin/ruff check . && .venv/bin/mypy
 
 crd:                   ## regenerate crds/ and the chart's copies from the models
 	.venv/bin/pdx crd --write && .venv/bin/python scripts/sync_chart.py

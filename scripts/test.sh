@@ -17,7 +17,7 @@ fi
 # buildah cannot be installed here, and the image tests skip saying so.
 scripts/build-images.sh || [ $? -eq 3 ]
 .venv/bin/ruff check .
-.venv/bin/mypy operator/pdx contract/pdx_contract engine/pdx_engine router/pdx_router benchmark/pdx_bench cli/pdx_cli tests
+.venv/bin/mypy
 .venv/bin/pytest -q -p no:cacheprovider "$@"
 # Real vLLM engines (pdx local, 1P1D, off then on): about 4 minutes on 2 cores. Kept apart so
 # that the fast tests report first and the engines have the machine to themselves.

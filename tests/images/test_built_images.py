@@ -36,9 +36,9 @@ from tests.router.helpers import LONG, assistant, stream_text, user
 pytestmark = pytest.mark.images
 
 UID = 65532  # the renderer's and the chart's runAsUser
-PACKAGES = {"pdx": ROOT / "operator" / "pdx", "pdx_contract": ROOT / "contract" / "pdx_contract",
-            "pdx_engine": ROOT / "engine" / "pdx_engine", "pdx_router": ROOT / "router" / "pdx_router",
-            "pdx_bench": ROOT / "benchmark" / "pdx_bench", "pdx_cli": ROOT / "cli" / "pdx_cli"}  # fmt: skip
+# The wheel's top-level packages and their source folders, as pyproject.toml maps them.
+_SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+PACKAGES = {name: ROOT / folder for name, folder in _SETUPTOOLS["package-dir"].items()}
 NAMES = ("operator", "router")
 
 

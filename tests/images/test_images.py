@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from importlib.metadata import distribution
 from pathlib import Path
 
@@ -85,7 +86,8 @@ def test_python_images_run_non_root_as_65532_from_this_source(image: str, entryp
     assert f"ENTRYPOINT {entrypoint}" in final
     assert f"--requirement images/{image}/requirements.txt" in text and "pip check" in text
     assert f'--no-index "pdx[{image}] @ file://' in text  # the pinned set satisfies pdx[image] offline
-    for source in ("operator", "contract", "engine", "router", "benchmark", "cli"):
+    package_dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for source in {folder.split("/")[0] for folder in package_dirs.values()}:
         assert f"COPY {source} {source}" in text
 
 
