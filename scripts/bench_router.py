@@ -243,8 +243,16 @@ async def main_async(args: argparse.Namespace) -> None:
         pids = {"pdx-router": procs[-1].pid}
         procs.append(subprocess.Popen(router_cmd(tp, pp, dp, "--tokenizer", model), env=env, stdout=subprocess.DEVNULL))
         pids["pdx-router+tok"] = procs[-1].pid
-        targets: dict[str, Turn] = {
-            "direct": direct(f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}"),
+        targets: dict[str, Turn] = {"direct": direct(f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}")}
+        if args.baseline_src:
+            # Another revision's router, from its source tree, beside this one in the same run.
+            src = Path(args.baseline_src).resolve()
+            base_env = {**env, "PYTHONPATH": os.pathsep.join(str(src / d) for d in ("router", "contract"))}
+            bp = free_port()
+            procs.append(subprocess.Popen(router_cmd(bp, pp, dp), env=base_env, stdout=subprocess.DEVNULL))
+            pids["pdx-router@base"] = procs[-1].pid
+            targets["pdx-router@base"] = via_proxy(f"http://127.0.0.1:{bp}")
+        targets |= {
             "pdx-router": via_proxy(f"http://127.0.0.1:{rp}"),
             "pdx-router+tok": via_proxy(f"http://127.0.0.1:{tp}"),
         }
@@ -281,6 +289,8 @@ async def main_async(args: argparse.Namespace) -> None:
         await wait_http(f"http://127.0.0.1:{pp}/health")
         await wait_http(f"http://127.0.0.1:{rp}/ready")
         await wait_http(f"http://127.0.0.1:{tp}/ready")
+        if args.baseline_src:
+            await wait_http(f"http://127.0.0.1:{bp}/ready")
         if "vllm-example" in targets:
             try:
                 await wait_http(f"http://127.0.0.1:{up}/health")
@@ -346,6 +356,10 @@ def main() -> None:
     ap.add_argument("--plain", action="store_true", help="send no conversation id")
     ap.add_argument("--only", nargs="+", help="targets to run besides direct (default: all)")
     ap.add_argument("--think-ms", type=float, default=0.0, help="mean pause between turns (default: none)")
+    ap.add_argument(
+        "--baseline-src",
+        help="source tree of another revision (git worktree add DIR REV): its router runs as pdx-router@base",
+    )
     args = ap.parse_args()
     global PLAIN, THINK_MS
     PLAIN, THINK_MS = args.plain, args.think_ms
