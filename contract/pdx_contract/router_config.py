@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
@@ -35,6 +35,32 @@ class StoreConfig(Document):
         return self
 
 
+TenantIdentity = Literal["apiKey", "header", "single"]
+
+
+class TenancyConfig(Document):
+    """How the router tells tenants apart: conversations (and their KV) are shared only within one.
+
+    - `apiKey`: the client's Authorization header; a client without one has no identity.
+    - `header`: a header a trusted gateway sets, overwriting whatever the client sent, combined
+      with the API key when there is one; a request without the header has no identity.
+    - `single`: one trusted client (the local demo, a benchmark): everyone is one tenant.
+
+    A turn without an identity is plain P/D: nothing is read from or written to the store.
+    """
+
+    identity: TenantIdentity = "apiKey"
+    header: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _header_iff_header_identity(self) -> TenancyConfig:
+        if self.identity == "header" and not self.header:
+            raise ValueError("tenancy.header: identity 'header' needs the header's name, e.g. 'X-Tenant'")
+        if self.identity != "header" and self.header:
+            raise ValueError(f"tenancy.header: only read with identity 'header' (identity is {self.identity!r})")
+        return self
+
+
 class RouterConfig(Document):
     host: str = "0.0.0.0"
     port: Port = 8000
@@ -50,7 +76,13 @@ class RouterConfig(Document):
     """An entry's deadline: it must end before decode frees the blocks (decoder TTL - margin)."""
     kv_recompute_threshold: int = Field(default=64, ge=0)
     max_entries: int = Field(default=100_000, ge=1)
-    tenant_header: str | None = None
+    tenancy: TenancyConfig = TenancyConfig()
+    reuse_headers: bool = False
+    """Answer with X-PDX-Reuse, X-PDX-Reused-Tokens and X-PDX-Prefill-Ms: facts about the stored
+    entries, so only for a trusted client (the local demo, `pdx bench`)."""
+    engine_api_key_file: str | None = None
+    """A file holding the engines' API key (vLLM's --api-key): sent to the engines as
+    `Authorization: Bearer`, in place of the client's, which the engines never see."""
     store: StoreConfig = StoreConfig()
     max_request_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     upstream_timeout_seconds: float = Field(default=600.0, gt=0)
@@ -58,3 +90,16 @@ class RouterConfig(Document):
     tokenizer: str | None = None
     """The model directory (tokenizer.json, tokenizer_config.json) the engines serve: reused
     chat turns are then tokenized by the router instead of by a /tokenize call."""
+
+
+def upgraded(data: Any) -> Any:
+    """router.json as an older operator wrote it, in today's form: the tenant header at the
+    top reads as identity 'header' (a null one as the default), so an upgrade loses nothing.
+    (A plain function: a before-validator would make pydantic read the JSON as Python, where
+    strict mode refuses a list for a tuple.)"""
+    if isinstance(data, dict) and "tenantHeader" in data:
+        data = dict(data)
+        header = data.pop("tenantHeader")
+        if header is not None and "tenancy" not in data:
+            data["tenancy"] = {"identity": "header", "header": header}
+    return data

@@ -162,6 +162,25 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
+        field="router.tenancy.header",
+        expression="(self.router.tenancy.identity == 'header') == has(self.router.tenancy.header)",
+        message=(
+            "router.tenancy.header names the header of identity 'header', and only of it: set both "
+            "(e.g. identity: header, header: X-Tenant), or neither"
+        ),
+    ),
+    Rule(
+        field="router.tenantHeader",
+        expression=(
+            "!has(self.router.tenantHeader) || "
+            "(self.router.tenancy.identity == 'apiKey' && !has(self.router.tenancy.header))"
+        ),
+        message=(
+            "router.tenantHeader is the deprecated form of router.tenancy: remove it and set "
+            "tenancy.identity: header, tenancy.header: <the header>"
+        ),
+    ),
+    Rule(
         field="router.replicas",
         expression="self.router.replicas <= 1 || self.router.store.kind == 'redis'",
         message=(

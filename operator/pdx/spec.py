@@ -269,6 +269,18 @@ class RouterStoreSpec(_Spec):
     """Redis URL, required for kind `redis`."""
 
 
+class TenancySpec(_Spec):
+    """How the router tells tenants apart: conversations, and the KV behind them, are shared only
+    within one tenant, and a client without an identity shares nothing."""
+
+    identity: Literal["apiKey", "header", "single"] = "apiKey"
+    """`apiKey`: the client's Authorization header. `header`: a header your gateway sets, always
+    overwriting the client's (the router cannot tell a forged one), combined with the API key.
+    `single`: one trusted client, such as the local demo or a benchmark: everyone shares."""
+    header: str | None = Field(default=None, min_length=1)
+    """For identity `header`: the header's name, e.g. `X-Tenant`."""
+
+
 class RouterImageSpec(ImageSpec):
     """The router's image (same fields, its own defaults)."""
 
@@ -291,8 +303,14 @@ class RouterSpec(_Spec):
     """Router deadline for a stored entry; default: decoder TTL minus a 30 s margin (450 for 480)."""
     max_entries: int = Field(default=100000, ge=1)
     """Conversation entries kept (LRU beyond)."""
-    tenant_header: str | None = None
-    """Header naming the tenant; unset: a hash of the Authorization header."""
+    tenancy: TenancySpec = Field(default_factory=TenancySpec)
+    """How tenants are told apart."""
+    tenant_header: str | None = Field(default=None, min_length=1)
+    """Deprecated: use `tenancy` (identity `header`). Still read as that identity, now combined
+    with the API key."""
+    reuse_headers: bool = False
+    """Answer with X-PDX-Reuse, X-PDX-Reused-Tokens and X-PDX-Prefill-Ms. They describe the
+    stored entries: turn them on only for trusted clients (a benchmark, the local demo)."""
     store: RouterStoreSpec = Field(default_factory=RouterStoreSpec)
     """Entry store."""
     tokenizer: Literal["engine", "router"] = "engine"
@@ -301,6 +319,12 @@ class RouterSpec(_Spec):
     read-only; used once it has matched the engine on 8 prompts, and given up on any mismatch)."""
     resources: Resources = Field(default_factory=lambda: Resources(cpu="1", memory="1Gi"))
     """Router resources."""
+
+    def effective_tenancy(self) -> TenancySpec:
+        """The deprecated `tenantHeader` as the identity it now means."""
+        if self.tenant_header is not None:
+            return TenancySpec(identity="header", header=self.tenant_header)
+        return self.tenancy
 
     def effective_ttl(self, decoder_ttl: int) -> int:
         """Entries must die before decode drops the blocks (and before prefill declines reads)."""
@@ -325,6 +349,9 @@ class DisaggregatedInferenceSpec(_Spec):
     """Weight cache volume."""
     hf_token_secret: SecretKeyRef | None = None
     """Secret with the Hugging Face token (HF_TOKEN)."""
+    engine_api_key_secret: SecretKeyRef | None = None
+    """Secret with an API key the engines require (vLLM's --api-key, as VLLM_API_KEY): the router
+    sends it in place of the client's key, so the engines answer only the router."""
     prefill: RoleSpec = Field(default_factory=RoleSpec)
     """The prefill fleet."""
     decode: RoleSpec = Field(default_factory=RoleSpec)

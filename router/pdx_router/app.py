@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -20,7 +22,7 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .chat_tokens import ChatTokenizer, TextPrefix
-from .config import RouterConfig
+from .config import ConfigError, RouterConfig
 from .discovery import Discovery, Pool
 from .endpoints import Endpoint
 from .entries import Captured, Entry
@@ -92,6 +94,7 @@ class Router:
         self.store = store if store is not None else make_store(cfg)
         self.metrics = Metrics()
         self.discovery = Discovery(cfg, self.pool, self.upstream)
+        self.front = shapes.Front(cfg.tenancy, cfg.served_model_name, engine_key(cfg.engine_api_key_file))
 
     # ------------------------------------------------------------ lifecycle
 
@@ -140,17 +143,18 @@ class Router:
 
     async def _complete(self, req: web.Request, path: str, is_chat: bool) -> web.StreamResponse:
         started = time.perf_counter()
+        rid = shapes.request_id(req.headers.get("X-Request-ID"), uuid.uuid4().hex)
         try:
             raw = await req.read()
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            return _error(400, "request body is not valid JSON")
+            return _error(400, "request body is not valid JSON", rid)
         if not isinstance(body, dict):
-            return _error(400, "request body must be a JSON object")
+            return _error(400, "request body must be a JSON object", rid)
         try:
-            ask = shapes.client_request(body, req.headers, path, is_chat, self.cfg.tenant_header)
+            ask = shapes.client_request(body, req.headers, path, is_chat, self.front, rid)
         except shapes.BadRequest as exc:
-            return _error(400, str(exc))
+            return _error(400, str(exc), rid)
         try:
             try:
                 return await self._serve(req, ask, started)
@@ -160,18 +164,22 @@ class Router:
                 await self.discovery.check_all()
                 return await self._serve(req, ask, started)
         except NoEngines:
-            return _error(503, "no healthy prefill/decode pair of one generation")
+            return _error(503, "no healthy prefill/decode pair of one generation", rid)
         except ClientFacingError as exc:
-            return web.Response(status=exc.status, body=exc.body, content_type=exc.content_type)
-        except MalformedAnswer as exc:  # counted by _after_failure; no engine URL to the client
-            log.warning("malformed answer: %s", exc)
-            return _error(502, f"the {exc.endpoint.role} engine's answer was malformed: {exc.detail}")
+            headers = {"X-Request-ID": rid}
+            return web.Response(status=exc.status, body=exc.body, content_type=exc.content_type, headers=headers)
+        # What went wrong inside goes to the log, with the engine's URL; the client learns the
+        # role and a request id to quote, never an address or an engine's words.
+        except MalformedAnswer as exc:  # counted by _after_failure
+            log.warning("[%s] malformed answer: %s", rid, exc)
+            return _error(502, f"the {exc.endpoint.role} engine's answer was malformed", rid)
         except EngineTimeout as exc:
-            log.warning("engine timeout: %s", exc)  # with the engine's URL; the client gets the role
-            return _error(504, exc.message)  # counted by _after_failure
+            log.warning("[%s] engine timeout: %s (%s)", rid, exc, exc.endpoint.url)
+            return _error(504, exc.message, rid)  # counted by _after_failure
         except UpstreamError as exc:
+            log.warning("[%s] engine failed: %s", rid, exc)
             self.metrics.upstream_errors.labels(exc.endpoint.role).inc()
-            return _error(502, f"engine failed: {exc}")
+            return _error(502, f"the {exc.endpoint.role} engine failed", rid)
 
     def _generation(self) -> str:
         gen = engines.choose_generation(self.pool.endpoints, self.cfg.generation)
@@ -285,12 +293,14 @@ class Router:
         finally:
             ep.outstanding -= 1
 
-    def _pdx_headers(self, done: Prefilled) -> dict[str, str]:
-        return {
-            "X-PDX-Prefill-Ms": f"{done.prefill_ms:.1f}",
-            "X-PDX-Reuse": done.attempt.outcome.value,
-            "X-PDX-Reused-Tokens": str(done.attempt.reused_tokens),
-        }
+    def _answer_headers(self, ask: ClientRequest, done: Prefilled) -> dict[str, str]:
+        """Reuse facts describe the stored entries, so they go only to a trusted client."""
+        out = {"X-Request-ID": ask.request_id}
+        if self.cfg.reuse_headers:
+            out["X-PDX-Prefill-Ms"] = f"{done.prefill_ms:.1f}"
+            out["X-PDX-Reuse"] = done.attempt.outcome.value
+            out["X-PDX-Reused-Tokens"] = str(done.attempt.reused_tokens)
+        return out
 
     async def _decode(
         self, req: web.Request, ask: ClientRequest, done: Prefilled, decode: Endpoint, body: dict[str, Any]
@@ -310,8 +320,11 @@ class Router:
                     if resp.status >= 500:
                         raise UpstreamError(decode, resp.status, raw[:300].decode(errors="replace"))
                     raise ClientFacingError(resp.status, raw, resp.content_type)
-                if ask.stream and resp.content_type != "text/event-stream":
-                    raise MalformedAnswer(decode, resp.status, f"a streamed answer of type {resp.content_type}")
+                # Each filter reads one form: an answer whose Content-Type is not the form the
+                # request asked for is refused, never relayed through the other form's filter.
+                form = "text/event-stream" if ask.stream else "application/json"
+                if resp.content_type != form:
+                    raise MalformedAnswer(decode, resp.status, f"a {resp.content_type} answer, not {form}")
                 if ask.stream:
                     out = await self._relay_stream(req, ask, done, resp, decode)
                 else:
@@ -330,7 +343,7 @@ class Router:
             headers={
                 "Content-Type": "text/event-stream",
                 "Cache-Control": "no-cache",
-                **self._pdx_headers(done),
+                **self._answer_headers(ask, done),
             }
         )
         await out.prepare(req)
@@ -358,7 +371,7 @@ class Router:
                 block = filt.feed(block)
                 await store_once_captured()
                 if filt.dropped:
-                    return await self._end_malformed(out, filt, block, "a line that is not readable JSON")
+                    return await self._end_malformed(out, filt, block, "a line that is not readable JSON", ask)
                 if not block:
                     continue
                 await out.write(block)
@@ -366,15 +379,13 @@ class Router:
                     first = False
                     self.metrics.ttft.observe(time.perf_counter() - done.started)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("decode stream from %s broke: %r", decode.url, exc)
+            log.warning("[%s] decode stream from %s broke: %r", ask.request_id, decode.url, exc)
             self.metrics.upstream_errors.labels(Hop.DECODE.value).inc()
             filt.captured.kv = None  # incomplete turn: do not store
             # The status line has left: say so in the stream, as vLLM does for an error after
             # the first chunk, and no [DONE], so no client takes the cut answer for a whole one.
             what = "timed out (upstreamTimeoutSeconds)" if isinstance(exc, TimeoutError) else "broke off"
-            err = {
-                "error": {"message": f"the decode engine's stream {what}", "type": "pdx_router_error", "code": 502}
-            }
+            err = _error_body(502, f"the decode engine's stream {what}", ask.request_id)
             await out.write(b"data: " + orjson.dumps(err) + b"\n\n")  # whole lines only were written
             await out.write_eof()
             return out
@@ -382,12 +393,12 @@ class Router:
             await store_once_captured()
             await out.write(rest)
         if filt.dropped or not last.rstrip().endswith(b"[DONE]"):
-            return await self._end_malformed(out, filt, b"", "it ended before [DONE]")
+            return await self._end_malformed(out, filt, b"", "it ended before [DONE]", ask)
         await out.write_eof()
         return out
 
     async def _end_malformed(
-        self, out: web.StreamResponse, filt: StreamFilter, block: bytes, why: str
+        self, out: web.StreamResponse, filt: StreamFilter, block: bytes, why: str, ask: ClientRequest
     ) -> web.StreamResponse:
         """Decode's stream cannot be relayed whole: what was readable, then an error event
         and no [DONE] (as for a broken stream); the turn is not stored."""
@@ -396,9 +407,8 @@ class Router:
         if block:
             await out.write(block)
         what = "a line above the size limit" if filt.oversized else why
-        log.warning("decode's stream was malformed: %s", what)
-        message = f"the decode engine's stream was malformed: {what}"
-        err = {"error": {"message": message, "type": "pdx_router_error", "code": 502}}
+        log.warning("[%s] decode's stream was malformed: %s", ask.request_id, what)
+        err = _error_body(502, f"the decode engine's stream was malformed: {what}", ask.request_id)
         await out.write(b"data: " + orjson.dumps(err) + b"\n\n")
         await out.write_eof()
         return out
@@ -413,7 +423,8 @@ class Router:
         cap = filter_response(data, ask.capture, strip_ids=not ask.wants_ids)
         self.metrics.ttft.observe(time.perf_counter() - done.started)
         await self._store_entry(ask, done, decode, cap)  # the answer leaves after the handler returns
-        return web.Response(body=orjson.dumps(data), content_type="application/json", headers=self._pdx_headers(done))
+        headers = self._answer_headers(ask, done)
+        return web.Response(body=orjson.dumps(data), content_type="application/json", headers=headers)
 
     def _finish(self, done: Prefilled) -> None:
         """Record the turn and log the line the seed's data collection reads."""
@@ -515,8 +526,27 @@ def _log_hop(what: str, ep: Endpoint, kv: Any) -> None:
         log.debug("%s %s kv_transfer_params=%s", what, ep.url, orjson.dumps(kv).decode())
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": "pdx_router_error", "code": status}}, status=status)
+def _error_body(status: int, message: str, request_id: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "pdx_router_error", "code": status, "request_id": request_id}}
+
+
+def _error(status: int, message: str, request_id: str) -> web.Response:
+    body, headers = _error_body(status, message, request_id), {"X-Request-ID": request_id}
+    return web.json_response(body, status=status, headers=headers)
+
+
+def engine_key(path: str | None) -> str | None:
+    """The engines' API key from its mounted Secret file (read once: a rotated key needs a
+    router restart, as vLLM's --api-key does)."""
+    if path is None:
+        return None
+    try:
+        key = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"engineApiKeyFile: cannot read {path}: {exc.strerror}") from None
+    if not key:
+        raise ConfigError(f"engineApiKeyFile: {path} is empty; put the engines' API key in it")
+    return key
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pdx_contract.base import Document, problems
-from pdx_contract.router_config import DnsConfig, RouterConfig, StoreConfig
+from pdx_contract.router_config import DnsConfig, RouterConfig, StoreConfig, upgraded
 
 __all__ = ["ConfigError", "DnsConfig", "RouterConfig", "StoreConfig", "load_config", "parse_config"]
 
@@ -26,7 +26,11 @@ class ConfigError(ValueError):
 
 def parse_config(raw: str | bytes | Mapping[str, Any]) -> RouterConfig:
     """router.json's text (or its decoded object) as a RouterConfig, or ConfigError."""
-    text = raw if isinstance(raw, str | bytes) else json.dumps(raw)
+    try:
+        data = json.loads(raw) if isinstance(raw, str | bytes) else raw
+    except ValueError as exc:
+        raise ConfigError(f"document: not valid JSON ({exc})") from None
+    text = json.dumps(upgraded(data))
     try:
         return check_sources(RouterConfig.model_validate_json(text))
     except ValidationError as err:

@@ -11,6 +11,10 @@ import os
 import sys
 
 from aiohttp import web
+from pydantic import ValidationError
+
+from pdx_contract.base import problems
+from pdx_contract.router_config import TenancyConfig
 
 from .app import build_app
 from .config import ConfigError, RouterConfig, StoreConfig, load_config, with_overrides
@@ -28,7 +32,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--conversation-ttl", type=float, help="seconds an entry is reused")
     p.add_argument("--threshold", type=int, help="fewest tokens worth a remote read")
     p.add_argument("--redis-url", help="share entries through Redis")
-    p.add_argument("--tenant-header", help="header naming the tenant (default: API key hash)")
+    p.add_argument(
+        "--tenancy",
+        choices=("apiKey", "header", "single"),
+        help="how tenants are told apart: the API key (default), a gateway's header, or one trusted client",
+    )
+    p.add_argument("--tenant-header", help="with --tenancy header: the header a trusted gateway sets")
+    p.add_argument(
+        "--reuse-headers", action="store_true", default=None, help="answer with X-PDX-* reuse facts (trusted clients)"
+    )
+    p.add_argument("--engine-api-key-file", help="file with the engines' API key (sent in place of the client's)")
     p.add_argument("--endpoints-file")
     p.add_argument("--tokenizer", help="model directory: tokenize reused chat turns here, not via /tokenize")
     p.add_argument(
@@ -45,7 +58,13 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
         raise ConfigError("--conversation-ttl: must be > 0")
     if args.threshold is not None and args.threshold < 0:
         raise ConfigError("--threshold: must be >= 0")
-    store = None
+    store = tenancy = None
+    if args.tenancy is not None or args.tenant_header is not None:
+        identity = args.tenancy or ("header" if args.tenant_header else cfg.tenancy.identity)
+        try:
+            tenancy = TenancyConfig(identity=identity, header=args.tenant_header)
+        except ValidationError as err:
+            raise ConfigError("; ".join(problems(err))) from None
     if args.redis_url is not None:
         store = StoreConfig(kind="redis", url=args.redis_url, key_prefix=cfg.store.key_prefix)
     return with_overrides(
@@ -59,7 +78,9 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
         generation=args.generation,
         conversation_ttl_seconds=args.conversation_ttl,
         kv_recompute_threshold=args.threshold,
-        tenant_header=args.tenant_header,
+        tenancy=tenancy,
+        reuse_headers=args.reuse_headers,
+        engine_api_key_file=args.engine_api_key_file,
         endpoints_file=args.endpoints_file,
         tokenizer=args.tokenizer,
     )

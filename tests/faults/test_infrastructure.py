@@ -25,6 +25,7 @@ import pytest
 from aiohttp import web
 
 from pdx.local.topology import free_port
+from pdx_contract.router_config import TenancyConfig
 from pdx_router.app import ROUTER, Router, build_app
 from pdx_router.config import RouterConfig, StoreConfig
 from pdx_router.store import MemoryStore
@@ -533,6 +534,7 @@ async def test_soak_entries_bounded_rss_flat_no_failures(make_stack: StackFactor
         health_check_interval_seconds=60,
         max_entries=max_entries,
         conversation_ttl_seconds=ttl,
+        tenancy=TenancyConfig(identity="single"),
     )
     app = build_app(cfg, MemoryStore(max_entries, grace=grace))
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
@@ -629,7 +631,12 @@ async def test_a_store_that_fails_every_call_degrades_to_plain_pd(
 ) -> None:
     s = await make_stack(routers=0)
     cfg = RouterConfig(
-        served_model_name="Qwen", generation="g1", prefill=tuple(s.prefill_urls), decode=tuple(s.decode_urls)
+        served_model_name="Qwen",
+        generation="g1",
+        prefill=tuple(s.prefill_urls),
+        decode=tuple(s.decode_urls),
+        tenancy=TenancyConfig(identity="single"),
+        reuse_headers=True,
     )
     app = build_app(cfg, DownStore())
     runner = web.AppRunner(app, access_log=None)

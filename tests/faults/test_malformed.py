@@ -16,12 +16,12 @@ import orjson
 import pytest
 
 from pdx_router.entries import Entry
-from pdx_router.policy.shapes import entry_key, request_problem, tenant_of
+from pdx_router.policy.shapes import request_problem
 from pdx_router.store import MemoryStore
 from pdx_router.upstream import StreamFilter, well_formed_kv
 from tests.faults.tally import TALLY
 from tests.router.conftest import Stack, StackFactory
-from tests.router.helpers import EVIL, LONG, assistant, user
+from tests.router.helpers import EVIL, LONG, assistant, key_of, user
 
 pytestmark = pytest.mark.faults
 
@@ -79,9 +79,8 @@ def _entries(s: Stack) -> dict[str, Entry]:
     return dict(store._items)
 
 
-def _key(conversation: str, auth: str | None = None) -> str:
-    headers = {"Authorization": auth} if auth else {}
-    return entry_key(tenant_of(headers, None), conversation)
+def _key(s: Stack, conversation: str, auth: str | None = None) -> str:
+    return key_of(s.router, conversation, {"Authorization": auth} if auth else {})
 
 
 def _metric(s: Stack, name: str, **labels: str) -> float:
@@ -108,7 +107,7 @@ async def _next_turn_served(http: aiohttp.ClientSession, s: Stack, conversation:
         eng.opts.malform = None
     body = {"model": "Qwen", "messages": [user(LONG)], "stream": stream, "conversation_id": conversation}
     status, _, raw = await _post(http, s, body)
-    ok = status == 200 and _key(conversation) in _entries(s)
+    ok = status == 200 and _key(s, conversation) in _entries(s)
     if ok:
         _clean(s, raw)
     else:
@@ -142,7 +141,7 @@ async def test_a_malformed_prefill_answer_is_a_clean_502(
     body = {"model": "Qwen", "messages": [user(LONG)], "stream": stream, "conversation_id": "c1"}
     status, headers, raw = await _post(http, s, body)
     assert status == 502 and headers["Content-Type"].startswith("application/json")
-    assert _error_message(raw).startswith("the prefill engine's answer was malformed: ")
+    assert _error_message(raw) == "the prefill engine's answer was malformed"  # the detail: in the log
     _clean(s, raw)
     TALLY.expected_errors += 1
     assert s.decode.requests == [] and _entries(s) == {}
@@ -155,13 +154,14 @@ async def test_a_malformed_prefill_answer_is_a_clean_502(
 
 @pytest.mark.parametrize("shape", list(BAD_KV))
 async def test_prefill_kv_of_the_wrong_shape_never_reaches_decode(
-    make_stack: StackFactory, http: aiohttp.ClientSession, shape: str
+    make_stack: StackFactory, http: aiohttp.ClientSession, shape: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     s = await make_stack(prefill_opts={"malform": "kv_wrong_shape", "bad_kv": BAD_KV[shape]})
     body = {"model": "Qwen", "messages": [user(LONG)], "conversation_id": "c1"}
     status, _, raw = await _post(http, s, body)
     assert status == 502, raw
-    assert _error_message(raw) == "the prefill engine's answer was malformed: kv_transfer_params of the wrong shape"
+    assert _error_message(raw) == "the prefill engine's answer was malformed"
+    assert "kv_transfer_params of the wrong shape" in caplog.text
     _clean(s, raw)
     TALLY.expected_errors += 1
     assert s.decode.requests == [] and _entries(s) == {}
@@ -177,7 +177,7 @@ async def test_a_malformed_decode_answer_is_a_clean_502(
     body = {"model": "Qwen", "messages": [user(LONG)], "conversation_id": "c1"}
     status, _, raw = await _post(http, s, body)
     assert status == 502
-    assert _error_message(raw).startswith("the decode engine's answer was malformed: ")
+    assert _error_message(raw) == "the decode engine's answer was malformed"
     _clean(s, raw)
     TALLY.expected_errors += 1
     assert _entries(s) == {} and len(s.decode.requests) == 1  # not retried: decode answered
@@ -209,10 +209,7 @@ async def test_a_malformed_decode_stream_ends_with_an_error_event(
     TALLY.expected_errors += 1
     if malform == "wrong_content_type":  # JSON to a streamed request: nothing relayed
         assert status == 502
-        assert (
-            _error_message(raw)
-            == "the decode engine's answer was malformed: a streamed answer of type application/json"
-        )
+        assert _error_message(raw) == "the decode engine's answer was malformed"
     else:
         assert status == 200 and headers["Content-Type"] == "text/event-stream"
         events = _events(raw)
@@ -280,13 +277,13 @@ async def _with_victim(make_stack: StackFactory, http: aiohttp.ClientSession, **
     """A stack holding another client's conversation entry, that bad input must not touch."""
     s = await make_stack(**cfg)
     status, _, first = await _post(http, s, {"model": "Qwen", "messages": [user(LONG)], "conversation_id": VICTIM})
-    assert status == 200 and _key(VICTIM) in _entries(s)
+    assert status == 200 and _key(s, VICTIM) in _entries(s)
     return s, first
 
 
 async def _victim_untouched(http: aiohttp.ClientSession, s: Stack, before: dict[str, Entry], first: bytes) -> bool:
     """The other conversation's entry is the one it stored, and its next turn reuses it."""
-    assert _entries(s)[_key(VICTIM)] == before[_key(VICTIM)]
+    assert _entries(s)[_key(s, VICTIM)] == before[_key(s, VICTIM)]
     status, outcome = await _turn_two(http, s, VICTIM, first)
     _count_reads(s)
     return status == 200 and outcome == "hit" and all(r.correct for r in s.cluster.reads)
@@ -428,7 +425,7 @@ async def test_a_conversation_id_of_any_length_and_charset_reuses(
     before = _entries(s)
     cid = IDS[case]
     status, _, first = await _post(http, s, {"model": "Qwen", "messages": [user(LONG)], "conversation_id": cid})
-    assert status == 200 and _key(cid) in _entries(s)
+    assert status == 200 and _key(s, cid) in _entries(s)
     _clean(s, first)
     status, outcome = await _turn_two(http, s, cid, first)
     assert (status, outcome) == (200, "hit")
@@ -564,7 +561,7 @@ async def test_kv_and_conversation_in_odd_places_never_reach_another_entry(
     # is this tenant's own conversation either way
     dup = f'{{{base}, "conversation_id": "{VICTIM}", "conversation_id": "mine"}}'.encode()
     status, _, raw = await _post(http, s, dup, MALLORY)
-    assert status == 200 and _key("mine", MALLORY["Authorization"]) in _entries(s)
+    assert status == 200 and _key(s, "mine", MALLORY["Authorization"]) in _entries(s)
     _record("odd place: conversation id twice in the raw JSON", True)
     for _, body in s.prefill.requests + s.decode.requests:
         kv = body.get("kv_transfer_params") or {}

@@ -116,7 +116,7 @@ def test_image_size_stays_bounded(image: Image) -> None:
 
 def _seed(port: int) -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "seed-qwen3-32b-1p1d.yaml").read_text())
-    doc["spec"].setdefault("router", {})["port"] = port
+    doc["spec"].setdefault("router", {}).update(port=port, reuseHeaders=True)  # tenancy: by API key
     return doc
 
 
@@ -209,13 +209,16 @@ async def test_router_image_serves_a_streamed_conversation_with_reuse_on_turn_tw
             proc.wait(timeout=20)
 
 
+CLIENT_KEY = {"Authorization": "Bearer image-test-client"}
+
+
 async def _two_streamed_turns(url: str, model: str) -> None:
     messages = [user(LONG)]
     reused = []
     async with aiohttp.ClientSession() as http:
         for _turn in range(2):
             body = {"model": model, "messages": messages, "stream": True, "conversation_id": "image-c1"}
-            async with http.post(url + "/v1/chat/completions", json=body) as resp:
+            async with http.post(url + "/v1/chat/completions", json=body, headers=CLIENT_KEY) as resp:
                 assert resp.status == 200, await resp.text()
                 lines = [ln for ln in (await resp.read()).split(b"\n") if ln.startswith(b"data: ")]
                 reused.append(int(resp.headers.get("X-PDX-Reused-Tokens", "0")))

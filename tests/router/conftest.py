@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 
 from pdx.local.topology import free_port
+from pdx_contract.router_config import TenancyConfig
 from pdx_router.app import ROUTER, Router, build_app
 from pdx_router.config import RouterConfig
 from pdx_router.testing.fake_engine import Cluster, EngineOptions, FakeEngine, start_engine
@@ -98,6 +99,10 @@ async def make_stack() -> AsyncIterator[StackFactory]:
             "decode": tuple(stack.decode_urls),
             "kv_recompute_threshold": 8,
             "health_check_interval_seconds": 60,
+            # One trusted client that reads the reuse facts, as in the local demo; the
+            # tenancy tests set their own.
+            "tenancy": TenancyConfig(identity="single"),
+            "reuse_headers": True,
         }
         cfg = RouterConfig(**{**settings, **cfg_changes})
         for _ in range(routers):

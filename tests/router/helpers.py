@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 import orjson
 
+from pdx_router.app import Router
 from pdx_router.endpoints import Endpoint, Role
 from pdx_router.entries import Entry
+from pdx_router.policy import shapes
 
 
 async def chat(
@@ -87,3 +90,17 @@ EVIL = {
     "remote_request_id": "someone-elses",
     "remote_num_tokens": 48,
 }
+
+
+def key_of(router: Router, conversation: str, headers: Mapping[str, str] | None = None, **body: Any) -> str:
+    """The store key the router gives a chat turn of this conversation (its tenancy and the
+    turn's KV scope included), from the router's own request handling."""
+    req = shapes.client_request(
+        {"model": "Qwen", "messages": [], **body, "conversation_id": conversation},
+        headers or {},
+        "/v1/chat/completions",
+        True,
+        router.front,
+    )
+    assert req.key is not None, "this turn has no identity or no KV scope: nothing is stored"
+    return req.key

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from pdx_contract.router_config import TenancyConfig
 from pdx_router.chat_tokens import renders_plainly
 from pdx_router.policy.shapes import (
     FRESH_PREFILL_KV,
     ClientRequest,
+    Front,
     clean_client_body,
     client_request,
     decode_body,
@@ -20,9 +22,14 @@ from pdx_router.policy.shapes import (
     tokenize_body,
 )
 
+SINGLE = Front(TenancyConfig(identity="single"))
+BY_KEY = Front(TenancyConfig(identity="apiKey"))
 
-def ask(body: dict[str, Any], path: str = "/v1/chat/completions", **headers: str) -> ClientRequest:
-    return client_request(body, headers, path, path.endswith("/chat/completions"), None)
+
+def ask(
+    body: dict[str, Any], path: str = "/v1/chat/completions", front: Front = SINGLE, **headers: str
+) -> ClientRequest:
+    return client_request(body, headers, path, path.endswith("/chat/completions"), front)
 
 
 def test_client_kv_transfer_params_never_survive() -> None:
@@ -144,21 +151,16 @@ def test_decode_is_asked_for_ids_only_for_one_choice_of_a_known_conversation() -
 
 def test_the_conversation_is_named_by_body_or_session_header_and_scoped_by_api_key() -> None:
     body = {"messages": [], "conversation_id": "c1"}
-    a = ask(body, Authorization="Bearer key-a")
+    a = ask(body, front=BY_KEY, Authorization="Bearer key-a")
     assert a.key is not None and "conversation_id" not in a.body
-    assert a.key != ask(body, Authorization="Bearer key-b").key  # another tenant, another entry
-    assert ask({"messages": []}, **{"X-Session-ID": "c1", "Authorization": "Bearer key-a"}).key == a.key
-    assert ask({"messages": []}).key is None
+    assert a.key != ask(body, front=BY_KEY, Authorization="Bearer key-b").key  # another tenant, another entry
+    by_header = {"X-Session-ID": "c1", "Authorization": "Bearer key-a"}
+    assert client_request({"messages": []}, by_header, "/v1/chat/completions", True, BY_KEY).key == a.key
+    assert ask({"messages": []}, front=BY_KEY).key is None
 
 
 def test_engines_get_the_api_key_and_no_other_client_header() -> None:
-    req = ask({"messages": []}, Authorization="Bearer k", Cookie="secret", **{"X-Session-ID": "s"})
+    sent = {"Authorization": "Bearer k", "Cookie": "secret", "X-Session-ID": "s"}
+    req = client_request({"messages": []}, sent, "/v1/chat/completions", True, SINGLE)
     assert req.headers == {"Authorization": "Bearer k"}
     assert ask({"messages": []}, Cookie="secret").headers == {}
-
-
-def test_a_configured_tenant_header_scopes_entries_instead_of_the_api_key() -> None:
-    body = {"messages": [], "conversation_id": "c1"}
-    t1 = client_request(body, {"X-Tenant": "t1", "Authorization": "same"}, "/v1/chat/completions", True, "X-Tenant")
-    t2 = client_request(body, {"X-Tenant": "t2", "Authorization": "same"}, "/v1/chat/completions", True, "X-Tenant")
-    assert t1.key is not None and t2.key is not None and t1.key != t2.key

@@ -85,6 +85,15 @@ INVALID = [
         "spec.router.tokenizer",
     ),
     ("unknown tokenizer side", {"router.tokenizer": "client"}, "spec.router.tokenizer"),
+    ("gateway identity without its header", {"router.tenancy": {"identity": "header"}}, "spec.router.tenancy.header"),
+    ("a tenant header without its identity", {"router.tenancy": {"header": "X-T"}}, "spec.router.tenancy.header"),
+    (
+        "the deprecated tenantHeader beside tenancy",
+        {"router.tenantHeader": "X-T", "router.tenancy": {"identity": "single"}},
+        "spec.router.tenantHeader",
+    ),
+    ("unknown tenant identity", {"router.tenancy": {"identity": "ip"}}, "spec.router.tenancy.identity"),
+    ("engine key Secret without a name", {"engineApiKeySecret": {"key": "k"}}, "spec.engineApiKeySecret.name"),
 ]
 
 
@@ -105,6 +114,10 @@ def test_models_and_api_server_reject_the_same_input_naming_the_field(
 
 VALID = [
     ("minimal", {}),
+    ("tenants named by a gateway header", {"router.tenancy": {"identity": "header", "header": "X-Tenant"}}),
+    ("the deprecated tenantHeader alone", {"router.tenantHeader": "X-Tenant"}),
+    ("one trusted client reading reuse facts", {"router.tenancy": {"identity": "single"}, "router.reuseHeaders": True}),
+    ("engines behind an API key", {"engineApiKeySecret": {"name": "engine-key"}}),
     ("xPyD with TP ratio 2", {"prefill.tensorParallelSize": 8, "decode.tensorParallelSize": 4}),
     ("router TTL at the limit", {"kvTransfer.decoderKvBlocksTtlSeconds": 100, "router.conversationTtlSeconds": 95}),
     ("the shortest lease", {"kvTransfer.kvLeaseDurationSeconds": 6}),

@@ -93,6 +93,10 @@ def engine_env(target: Target, role: Role) -> list[dict[str, Any]]:
     if spec.hf_token_secret:
         ref = {"name": spec.hf_token_secret.name, "key": spec.hf_token_secret.key}
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+    if spec.engine_api_key_secret:
+        # What `vllm serve --api-key` sets, without the key on the command line.
+        ref = {"name": spec.engine_api_key_secret.name, "key": spec.engine_api_key_secret.key}
+        env.append({"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": ref}})
     extra: dict[str, str] = dict(spec.placement.profile.engine_env)
     if spec.uses_efa:
         extra.update(spec.placement.profile.fi_env)

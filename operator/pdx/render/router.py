@@ -11,10 +11,12 @@ from pdx.render.meta import HTTP_PORT, Role
 from pdx.resource import Target
 from pdx_contract.base import Document, engine_url
 from pdx_contract.endpoints import EndpointsDocument, PublishedEndpoint
-from pdx_contract.router_config import DnsConfig, RouterConfig, StoreConfig
+from pdx_contract.router_config import DnsConfig, RouterConfig, StoreConfig, TenancyConfig
 
 CONFIG_DIR = "/etc/pdx/router"
 ENDPOINTS_DIR = "/etc/pdx/endpoints"
+ENGINE_KEY_DIR = "/etc/pdx/engine-key"
+ENGINE_KEY_FILE = "api-key"
 CONFIG_FILE = "router.json"
 ENDPOINTS_FILE = "endpoints.json"
 
@@ -28,6 +30,7 @@ def router_config(target: Target, config_hash: str) -> RouterConfig:
     spec = target.spec
     router = spec.router
     svc = f"{target.namespace}.svc"
+    tenancy = router.effective_tenancy()
     return RouterConfig(
         host="0.0.0.0",
         port=router.port,
@@ -42,7 +45,9 @@ def router_config(target: Target, config_hash: str) -> RouterConfig:
         conversation_ttl_seconds=spec.router_ttl,
         kv_recompute_threshold=spec.kv_transfer.kv_recompute_threshold,
         max_entries=router.max_entries,
-        tenant_header=router.tenant_header,
+        tenancy=TenancyConfig(identity=tenancy.identity, header=tenancy.header),
+        reuse_headers=router.reuse_headers,
+        engine_api_key_file=f"{ENGINE_KEY_DIR}/{ENGINE_KEY_FILE}" if spec.engine_api_key_secret else None,
         store=StoreConfig(kind=router.store.kind, url=router.store.url),
         tokenizer=spec.model.name if router.tokenizer == "router" else None,
     )
@@ -124,6 +129,11 @@ def router_deployment(target: Target, config_hash: str) -> dict[str, Any]:
         pod["volumes"].append(
             {"name": "model-cache", "persistentVolumeClaim": {"claimName": cache.claim_name, "readOnly": True}}
         )
+    if (key := target.spec.engine_api_key_secret) is not None:
+        # A file, not an environment variable: nothing in the pod spec or /proc/*/environ.
+        container["volumeMounts"].append({"name": "engine-api-key", "mountPath": ENGINE_KEY_DIR, "readOnly": True})
+        items = [{"key": key.key, "path": ENGINE_KEY_FILE}]
+        pod["volumes"].append({"name": "engine-api-key", "secret": {"secretName": key.name, "items": items}})
     if router.image.pull_secrets:
         pod["imagePullSecrets"] = [{"name": s} for s in router.image.pull_secrets]
     return {

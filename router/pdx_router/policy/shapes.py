@@ -5,9 +5,12 @@ about KV, and nothing a client sends can point an engine at someone else's block
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from pdx_contract.router_config import TenancyConfig
 
 from ..chat_tokens import renders_plainly
 
@@ -32,9 +35,11 @@ class ClientRequest:
     path: str
     is_chat: bool
     body: dict[str, Any]  # without what a client must never control
-    headers: dict[str, str]  # what the engines get of the client's headers: its API key
-    key: str | None  # the conversation's store key, tenant-scoped; None: plain P/D, nothing stored
+    headers: dict[str, str]  # what the engines get: the engines' key if set, else the client's
+    key: str | None  # the conversation's store key (tenant, id, KV scope); None: plain P/D, nothing stored
     wants_ids: bool  # the client asked for token ids itself: they stay in its answer
+    request_id: str = ""  # in the answer's X-Request-ID, error bodies and the router's log lines
+    tenant: str | None = None  # the tenant's digest; None: no identity, nothing shared
 
     @property
     def stream(self) -> bool:
@@ -66,15 +71,19 @@ def request_problem(body: dict[str, Any], is_chat: bool) -> str | None:
     """What is wrong with the types of a client's body, as `field: what it must be`, or None.
 
     Only the fields the router itself reads are checked here, so that what it decides (stream
-    or not, which conversation) is what the engines do; the engines judge the rest."""
-    for name in ("stream", "return_token_ids"):  # a string "false" would read as true
+    or not, how many choices, which conversation) is what the engines do: vLLM reads a string
+    "false" as false where Python would read it as true. The engines judge the rest."""
+    for name in ("stream", "return_token_ids"):
         flag = body.get(name)
         if flag is not None and type(flag) is not bool:
             return f"{name}: must be a boolean (true or false), not {_kind(flag)}"
+    n = body.get("n")
+    if n is not None and not (type(n) is int and n >= 1):
+        return f"n: must be a positive integer or null, not {_kind(n)}"
     for name in ("max_tokens", "max_completion_tokens"):
-        n = body.get(name)
-        if n is not None and not (type(n) is int and n >= 0):
-            return f"{name}: must be a non-negative integer or null, not {_kind(n)}"
+        m = body.get(name)
+        if m is not None and not (type(m) is int and m >= 0):
+            return f"{name}: must be a non-negative integer or null, not {_kind(m)}"
     if is_chat:
         messages = body.get("messages")
         if messages is None:
@@ -86,24 +95,49 @@ def request_problem(body: dict[str, Any], is_chat: bool) -> str | None:
                 return f"messages[{i}]: must be an object with role and content, not {_kind(m)}"
     elif "prompt" in body and not isinstance(body["prompt"], (str, list)):
         return f"prompt: must be a string or a list, not {_kind(body['prompt'])}"
-    conversation = body.get("conversation_id")
-    if conversation is not None and type(conversation) is not str:
-        return f"conversation_id: must be a string, not {_kind(conversation)}"
+    for name in ("conversation_id", "cache_salt"):
+        value = body.get(name)
+        if value is not None and type(value) is not str:
+            return f"{name}: must be a string, not {_kind(value)}"
     return None
 
 
+@dataclass(frozen=True)
+class Front:
+    """What the router's deployment decides about every client request."""
+
+    tenancy: TenancyConfig = field(default_factory=TenancyConfig)
+    served_model: str = "default"  # what a request without `model` runs (for the KV scope)
+    engine_key: str | None = None  # the engines' API key; None: the client's is forwarded
+
+
 def client_request(
-    body: dict[str, Any], headers: Mapping[str, str], path: str, is_chat: bool, tenant_header: str | None
+    body: dict[str, Any], headers: Mapping[str, str], path: str, is_chat: bool, front: Front, request_id: str = ""
 ) -> ClientRequest:
     """The conversation comes from `conversation_id`, else the X-Session-ID header (an empty
-    one is none: plain P/D). Raises BadRequest for a body of the wrong types."""
+    one is none: plain P/D). It is shared only within the client's tenant and KV scope.
+    Raises BadRequest for a body of the wrong types or an ambiguous identity."""
     if (problem := request_problem(body, is_chat)) is not None:
         raise BadRequest(problem)
     conversation = body.get("conversation_id") or headers.get("X-Session-ID")
     clean, wants_ids = clean_client_body(body)
-    key = entry_key(tenant_of(headers, tenant_header), str(conversation)) if conversation else None
-    forwarded = {"Authorization": headers["Authorization"]} if "Authorization" in headers else {}
-    return ClientRequest(path, is_chat, clean, forwarded, key, wants_ids)
+    tenant = tenant_of(headers, front.tenancy)
+    scope = kv_scope(clean, front.served_model)
+    key = None
+    if conversation and tenant is not None and scope is not None:
+        key = entry_key(tenant, str(conversation), scope)
+    return ClientRequest(
+        path, is_chat, clean, engine_headers(headers, front.engine_key), key, wants_ids, request_id, tenant
+    )
+
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def request_id(sent: str | None, fresh: str) -> str:
+    """The client's X-Request-ID when it is a plain token (it goes into log lines and headers),
+    else a fresh one."""
+    return sent if sent is not None and _REQUEST_ID.fullmatch(sent) else fresh
 
 
 def clean_client_body(body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -120,18 +154,62 @@ def clean_client_body(body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     return out, bool(out.get("return_token_ids"))
 
 
-def tenant_of(headers: Mapping[str, str], tenant_header: str | None) -> str:
-    """The tenant an entry belongs to: a configured header, else a hash of the API key."""
-    if tenant_header:
-        return str(headers.get(tenant_header, ""))
-    auth = headers.get("Authorization")
-    return hashlib.sha256(auth.encode(errors="surrogatepass")).hexdigest()[:32] if auth else ""
+def _one_header(headers: Mapping[str, str], name: str) -> str | None:
+    """A header's single value; sent twice it is ambiguous (a gateway that appended instead of
+    overwriting, or a client smuggling a second one), so the request is refused."""
+    getall = getattr(headers, "getall", None)  # aiohttp's multidict keeps every copy
+    values = list(getall(name, ())) if getall is not None else []
+    if len(values) > 1:
+        raise BadRequest(f"{name}: header sent {len(values)} times; send it once")
+    value = values[0] if values else headers.get(name)
+    return value.strip() if value is not None and value.strip() else None
 
 
-def entry_key(tenant: str, conversation: str) -> str:
-    """Tenant-scoped store key; hashed so ids of any length or charset are safe in Redis."""
+def _digest(*parts: str) -> str:
     # surrogatepass: a header's bytes that are not UTF-8 reach here as lone surrogates.
-    return hashlib.sha256(f"{tenant}\x00{conversation}".encode(errors="surrogatepass")).hexdigest()
+    return hashlib.sha256("\x00".join(parts).encode(errors="surrogatepass")).hexdigest()[:32]
+
+
+def tenant_of(headers: Mapping[str, str], tenancy: TenancyConfig) -> str | None:
+    """The tenant an entry belongs to, as a digest; None: the client has no identity, so
+    nothing of its conversations is stored or read (see TenancyConfig)."""
+    if tenancy.identity == "single":
+        return _digest("single")
+    auth = _one_header(headers, "Authorization")
+    if auth is not None and auth.partition(" ")[0].lower() == "bearer" and not auth.partition(" ")[2].strip():
+        auth = None  # "Bearer" and nothing: no key
+    if tenancy.identity == "apiKey":
+        return _digest("key", auth) if auth is not None else None
+    assert tenancy.header is not None  # TenancyConfig's check
+    named = _one_header(headers, tenancy.header)
+    return _digest("header", named, auth or "") if named is not None else None
+
+
+def kv_scope(body: dict[str, Any], served_model: str) -> str | None:
+    """What, besides the token ids, vLLM folds into its KV cache keys, so that KV is reused
+    only under the same: the LoRA adapter (chosen by `model`) and `cache_salt`. vLLM also folds
+    in multimodal inputs and prompt embeddings (v1/core/kv_cache_utils.py,
+    generate_block_hash_extra_keys), which the router's token-id check cannot see: such a turn
+    has no scope, and is neither reused nor stored."""
+    if "prompt_embeds" in body:
+        return None
+    messages = body.get("messages")
+    if isinstance(messages, list) and _has_non_text(messages):
+        return None
+    return _digest("scope", str(body.get("model") or served_model), str(body.get("cache_salt") or ""))
+
+
+def entry_key(tenant: str, conversation: str, scope: str) -> str:
+    """Tenant- and scope-bound store key; hashed so ids of any length or charset are safe in Redis."""
+    return hashlib.sha256(f"{tenant}\x00{scope}\x00{conversation}".encode(errors="surrogatepass")).hexdigest()
+
+
+def engine_headers(client: Mapping[str, str], engine_key: str | None) -> dict[str, str]:
+    """The engines get the router's own key when one is set, and then never the client's."""
+    if engine_key is not None:
+        return {"Authorization": f"Bearer {engine_key}"}
+    auth = client.get("Authorization")
+    return {"Authorization": auth} if auth else {}
 
 
 # ---------------------------------------------------------------- prefill

@@ -138,6 +138,11 @@ class EngineOptions:
     malform_bytes: int = 1 << 16
     side_channel_host: str = "127.0.0.1"
     side_channel_port: int = 5600
+    # As vLLM's --api-key: /v1 paths answer 401 without `Authorization: Bearer <key>`
+    # (/tokenize, /health and /metrics stay open, as in vLLM).
+    api_key: str | None = None
+    # Answer completions with this status and an error naming the engine's internals.
+    fail_status: int | None = None
 
 
 class FakeEngine:
@@ -145,6 +150,7 @@ class FakeEngine:
         self.cluster = cluster
         self.opts = opts
         self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.auth: list[str | None] = []  # each request's Authorization header, in order
         self.cancelled = 0
         self.healthy = True
         self._ids = itertools.count(1)
@@ -216,6 +222,7 @@ class FakeEngine:
     async def tokenize(self, req: web.Request) -> web.Response:
         body = await req.json(loads=orjson.loads)
         self.requests.append(("/tokenize", body))
+        self.auth.append(req.headers.get("Authorization"))
         ids = self.prompt_ids(body, "messages" in body)
         if self.opts.tokenize_differs and len(ids) > 1:
             ids = [*ids[:-2], ids[-1], ids[-2]]  # as if /tokenize missed a template argument
@@ -230,6 +237,14 @@ class FakeEngine:
     async def _serve(self, req: web.Request, chat: bool) -> web.StreamResponse:
         body = orjson.loads(await req.read())
         self.requests.append((req.path, body))
+        self.auth.append(req.headers.get("Authorization"))
+        if self.opts.api_key is not None and req.headers.get("Authorization") != f"Bearer {self.opts.api_key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        if self.opts.fail_status is not None:
+            internals = f"CUDA error on {req.host} (engine {self.opts.engine_id}): illegal memory access"
+            return self.json_response(
+                {"error": {"message": internals, "code": self.opts.fail_status}}, status=self.opts.fail_status
+            )
         try:
             if self.opts.role == "prefill":
                 return await self._prefill(body, chat)
