@@ -32,6 +32,12 @@ from .workload import HFTokenizerCounter, TokenCounter, WordCounter, WorkloadSpe
 DEFAULT_FILE = "examples/local-cpu.yaml"
 
 
+REUSE_HEADERS_OFF = (
+    "the router sent no X-PDX-* headers, so hit rates and prefill times are blank: set "
+    "spec.router.reuseHeaders: true on the resource for the benchmark (and back after)"
+)
+
+
 def _ints(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -305,6 +311,10 @@ def execute(target: Target, cfg: SweepConfig, out: Path, counter_for: Any) -> in
         + ".",
         "Hit rate: share of follow-up turns whose X-PDX-Reuse was `hit`.",
     ]
+    if records and not any(r.reuse for r in records):
+        # A deployment keeps reuse facts from its clients unless router.reuseHeaders is on.
+        notes.append(REUSE_HEADERS_OFF)
+        print(f"pdx bench: {REUSE_HEADERS_OFF}", file=sys.stderr)
     rows, written = write_report(
         records, out, title="pdx bench: bidirectional KV transfer OFF vs ON", context=context, notes=notes
     )

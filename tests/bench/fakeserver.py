@@ -26,6 +26,7 @@ class FakeRouter:
     seen: dict[str, int] = field(default_factory=dict)
     xfer_seconds: float = 0.0
     xfer_count: int = 0
+    reuse_headers: bool = True  # off: as a deployment without router.reuseHeaders
 
     def prompt_tokens(self, body: dict[str, Any]) -> int:
         return sum(len(m["content"].split()) + 4 for m in body["messages"]) + 3
@@ -43,13 +44,13 @@ class FakeRouter:
         if hit:  # the D->P read prefill would do, as its NIXL histogram would count it
             self.xfer_seconds += 0.004
             self.xfer_count += 1
+        facts = {
+            "X-PDX-Prefill-Ms": "12.5" if hit else "40.0",
+            "X-PDX-Reuse": "hit" if hit else "miss",
+            "X-PDX-Reused-Tokens": "96" if hit else "0",
+        }
         resp = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "X-PDX-Prefill-Ms": "12.5" if hit else "40.0",
-                "X-PDX-Reuse": "hit" if hit else "miss",
-                "X-PDX-Reused-Tokens": "96" if hit else "0",
-            }
+            headers={"Content-Type": "text/event-stream", **(facts if self.reuse_headers else {})}
         )
         await resp.prepare(req)
 

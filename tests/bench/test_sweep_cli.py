@@ -150,6 +150,21 @@ def test_cli_url_mode_runs_one_leg(tmp_path: Path, capsys: pytest.CaptureFixture
     assert (tmp_path / "records-run.json").is_file() and not (tmp_path / "records-off.json").exists()
 
 
+@pytest.mark.parametrize("facts", [True, False], ids=["reuse_headers", "none"])
+def test_a_router_that_keeps_reuse_facts_to_itself_is_named_with_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], facts: bool
+) -> None:
+    with ThreadedFake(FakeRouter(first_token_delay=0.0, token_delay=0.0, reuse_headers=facts)) as fake:
+        args = _args(
+            "--url", fake.url, "--lengths", "50", "--turns", "2", "--conversations", "1", "--user-tokens", "3",
+            "--tool-tokens", "3", "--output-tokens", "2", "--out", str(tmp_path), "--no-warmup",
+        )  # fmt: skip
+        assert args.run(args) == 0
+    told = "spec.router.reuseHeaders: true" in capsys.readouterr().err
+    assert told is not facts
+    assert ("reuseHeaders" in (tmp_path / "report.md").read_text()) is not facts
+
+
 def test_cli_rejects_a_sweep_over_max_model_len(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = _args("-f", str(EXAMPLE), "--local", "--lengths", "8000", "--out", str(tmp_path))
     assert args.run(args) == 2
