@@ -19,6 +19,9 @@ class PublishedEndpoint(Document):
     """The engine's config generation; unset: the router config's own."""
     name: str = ""
     """The pod's name, for logs."""
+    draining: bool = False
+    """A decode being scaled away: it decodes no turn, but prefill still reads the KV it holds,
+    so its conversations move to another decode without recomputing their history."""
 
 
 class EndpointsDocument(Document):

@@ -51,10 +51,10 @@ class Pool:
             generation = f.generation or ""
             ep = self._live.get(key)
             if ep is None:
-                ep = Endpoint(url=f.url, role=f.role, generation=generation, name=f.name)
+                ep = Endpoint(url=f.url, role=f.role, generation=generation, name=f.name, draining=f.draining)
                 new.append(ep)
             else:
-                ep.generation, ep.name = generation, f.name or ep.name
+                ep.generation, ep.name, ep.draining = generation, f.name or ep.name, f.draining
             live[key] = ep
         self._live = live
         self.endpoints = list(live.values())

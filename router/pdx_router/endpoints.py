@@ -21,3 +21,4 @@ class Endpoint:
     failures: int = 0  # consecutive failed health checks
     outstanding: int = 0
     block_size: int | None = None
+    draining: bool = False  # decodes nothing; its entries are still read (see PublishedEndpoint)

@@ -153,6 +153,14 @@ def test_unready_and_terminating_pods_are_not_published() -> None:
     assert gen == "g" and [e.name for e in eps] == ["decode-g-0", "prefill-g-0"]
 
 
+def test_a_decode_on_its_way_out_is_published_as_draining_while_it_still_answers() -> None:
+    leaving = PodView(name="decode-g-1", role="decode", generation="g", ready=True, ip="10.0.0.8", terminating=True)
+    gone_quiet = replace(leaving, name="decode-g-2", ready=False)
+    old = replace(leaving, name="decode-old-0", generation="old")  # another generation: its KV is no use
+    _, eps = rollout.endpoints([*pods("prefill", "g", 1), *pods("decode", "g", 1), leaving, gone_quiet, old], "g")
+    assert [(e.name, e.draining) for e in eps] == [("decode-g-0", False), ("decode-g-1", True), ("prefill-g-0", False)]
+
+
 def test_no_pods_publishes_nothing_for_target() -> None:
     assert rollout.endpoints([], "g") == ("g", [])
 

@@ -37,6 +37,11 @@ class PodView:
     def serving(self) -> bool:
         return self.ready and not self.terminating and bool(self.ip)
 
+    @property
+    def draining(self) -> bool:
+        """A decode on its way out that still answers: the KV it holds can still be read."""
+        return self.role == "decode" and self.ready and self.terminating and bool(self.ip)
+
 
 def ready_counts(pods: Iterable[PodView]) -> dict[tuple[str, str], int]:
     """(role, generation) -> ready engine pods."""
@@ -73,12 +78,14 @@ def choose_generation(pods: Sequence[PodView], target: str) -> str:
 
 
 def endpoints(pods: Sequence[PodView], target: str) -> tuple[str, list[PublishedEndpoint]]:
-    """The generation chosen and its ready engines, as the router's endpoints file lists them."""
+    """The generation chosen and its ready engines, as the router's endpoints file lists them;
+    a decode of that generation on its way out is listed as draining (it decodes nothing new,
+    and its conversations' next turns read their KV from it and move)."""
     gen = choose_generation(pods, target)
     out = [
-        ready_engine(p.role, p.name, p.ip, gen)
+        ready_engine(p.role, p.name, p.ip, gen, draining=p.draining)
         for p in sorted(pods, key=lambda p: (p.role, p.name))
-        if p.role in ROLES and p.generation == gen and p.serving and p.ip
+        if p.role in ROLES and p.generation == gen and (p.serving or p.draining) and p.ip
     ]
     return gen, out
 

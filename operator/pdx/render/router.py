@@ -21,9 +21,11 @@ CONFIG_FILE = "router.json"
 ENDPOINTS_FILE = "endpoints.json"
 
 
-def ready_engine(role: Role, name: str, ip: str, generation: str, port: int = HTTP_PORT) -> PublishedEndpoint:
+def ready_engine(
+    role: Role, name: str, ip: str, generation: str, port: int = HTTP_PORT, draining: bool = False
+) -> PublishedEndpoint:
     """A ready engine pod as the router addresses it."""
-    return PublishedEndpoint(role=role, name=name, url=engine_url(ip, port), generation=generation)
+    return PublishedEndpoint(role=role, name=name, url=engine_url(ip, port), generation=generation, draining=draining)
 
 
 def router_config(target: Target, config_hash: str) -> RouterConfig:

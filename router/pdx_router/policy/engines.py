@@ -1,5 +1,8 @@
 """Which engines serve a turn: one generation, the least loaded prefill, and the decode that
-holds the conversation's KV when it can."""
+holds the conversation's KV when it can.
+
+A draining decode (being scaled away) is chosen for nothing: its conversations' next turns
+read their KV from it (see `reuse.check_entry`) and decode elsewhere, which moves them."""
 
 from __future__ import annotations
 
@@ -10,7 +13,8 @@ from ..endpoints import Endpoint
 
 
 def _healthy(endpoints: Iterable[Endpoint], role: str, generation: str) -> list[Endpoint]:
-    return [e for e in endpoints if e.role == role and e.healthy and e.generation == generation]
+    """The engines that may take a turn."""
+    return [e for e in endpoints if e.role == role and e.healthy and not e.draining and e.generation == generation]
 
 
 def choose_generation(endpoints: Sequence[Endpoint], preferred: str) -> str | None:
@@ -18,8 +22,8 @@ def choose_generation(endpoints: Sequence[Endpoint], preferred: str) -> str | No
     generation with the most healthy pairs (during a rollout), else None."""
     if _healthy(endpoints, "prefill", preferred) and _healthy(endpoints, "decode", preferred):
         return preferred
-    prefill = Counter(e.generation for e in endpoints if e.role == "prefill" and e.healthy)
-    decode = Counter(e.generation for e in endpoints if e.role == "decode" and e.healthy)
+    prefill = Counter(e.generation for e in endpoints if e.role == "prefill" and e.healthy and not e.draining)
+    decode = Counter(e.generation for e in endpoints if e.role == "decode" and e.healthy and not e.draining)
     pairs = {g: min(prefill[g], decode[g]) for g in prefill if decode[g] > 0}
     if not pairs:
         return None
