@@ -8,11 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
-
 from pdx.render import render
 from pdx.render.engines import HF_TOKEN_FILE
-from tests.render.test_render import K8S_VERSION, by_kind, target
+from tests.render.test_render import by_kind, target
 
 
 def engine_pod(**changes: Any) -> dict[str, Any]:
@@ -37,16 +35,6 @@ def test_engines_without_efa_keep_no_capability() -> None:
     assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
-def test_privileged_placement_is_privileged_and_nothing_pretends_otherwise() -> None:
-    pod = engine_pod(spec__placement__privileged=True)
-    assert pod["containers"][0]["securityContext"] == {"privileged": True, "allowPrivilegeEscalation": True}
-    kubernetes_validate.validate(
-        by_kind(render(target(spec__placement__privileged=True)), "StatefulSet")["qwen3-32b-prefill"],
-        K8S_VERSION,
-        strict=True,
-    )
-
-
 def test_hf_token_is_a_read_only_secret_file_that_hf_token_path_names() -> None:
     pod = engine_pod()  # the seed example has hfTokenSecret: {name: hf-token}
     container = pod["containers"][0]
@@ -65,16 +53,21 @@ def test_hf_token_is_a_read_only_secret_file_that_hf_token_path_names() -> None:
     assert "hf-token" not in {v["name"] for v in engine_pod(spec__hfTokenSecret=None)["volumes"]}
 
 
-def test_huggingface_hub_reads_the_token_from_the_file_hf_token_path_names(tmp_path: Path) -> None:
-    token = tmp_path / "token"
-    token.write_text("hf_fromthefile\n")
+def test_huggingface_hub_in_the_engine_reads_the_token_from_the_mounted_secret(tmp_path: Path) -> None:
+    """The rendered env, with the secret volume at a local directory, gives huggingface_hub
+    (the installed one, which vLLM downloads with) the Secret's token."""
+    container = engine_pod()["containers"][0]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "hf-token")
+    (tmp_path / "token").write_text("hf_fromthesecret\n")  # what the kubelet writes for items: key -> token
+    rendered = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(HF_TOKEN_PATH=str(token), HF_HOME=str(tmp_path / "home"))
+    env["HF_TOKEN_PATH"] = rendered["HF_TOKEN_PATH"].replace(mount["mountPath"], str(tmp_path), 1)
+    env["HF_HOME"] = str(tmp_path / "home")
     out = subprocess.run(
         [sys.executable, "-c", "import huggingface_hub; print(huggingface_hub.get_token())"],
         env=env, capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
-    assert out.stdout.strip() == "hf_fromthefile"
+    assert out.stdout.strip() == "hf_fromthesecret"
 
 
 def test_router_runs_as_a_non_root_user_and_group_with_nothing_extra() -> None:
