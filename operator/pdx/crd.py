@@ -59,6 +59,11 @@ def _factory_default(info: FieldInfo) -> Any:
     value = info.default_factory() if info.default_factory else None  # type: ignore[call-arg]
     if isinstance(value, BaseModel):
         return value.model_dump(by_alias=True, exclude_none=True, mode="json")
+    if isinstance(value, list):
+        return [
+            v.model_dump(by_alias=True, exclude_none=True, mode="json") if isinstance(v, BaseModel) else v
+            for v in value
+        ]
     return value
 
 

@@ -10,6 +10,7 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 
 APP = "pdx"  # NAME and PART_OF of everything an instance owns
 MANAGER = "pdx-operator"  # MANAGED_BY, and the server-side apply field manager
+OPERATOR = "operator"  # COMPONENT of the operator's own pods (the chart sets it)
 
 ROLE = "pdx.dev/role"  # prefill or decode
 ENGINE = "pdx.dev/engine"  # "true" on engine pods (the NetworkPolicy's peers)
@@ -29,3 +30,8 @@ def instance(name: str) -> dict[str, str]:
 def managed() -> dict[str, str]:
     """Selects every child the operator manages, of any instance (its watches)."""
     return {MANAGED_BY: MANAGER, NAME: APP}
+
+
+def operator_pods() -> dict[str, str]:
+    """The operator's pods as the chart labels them: the default peer that may read the router's stats."""
+    return {PART_OF: APP, COMPONENT: OPERATOR}

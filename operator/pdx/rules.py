@@ -79,6 +79,21 @@ W = PREFILL_DECLINE_WINDOW_SECONDS
 # never renewed, and the router's entry deadline follows that TTL alone (pull_scheduler.request_finished
 # picks one or the other by role). Prefill and decode must agree on the lease (decode's heartbeat
 # interval against prefill's renewal), which one field rendered into both roles already ensures.
+def _peer_rule(field: str) -> Rule:
+    """A NetworkPolicy peer is an ipBlock alone, or selectors: Kubernetes refuses anything else."""
+    return Rule(
+        field=f"network.{field}",
+        expression=(
+            f"!has(self.network) || !has(self.network.{field}) || self.network.{field}.all(p, has(p.ipBlock) ? "
+            "!has(p.podSelector) && !has(p.namespaceSelector) : (has(p.podSelector) || has(p.namespaceSelector)))"
+        ),
+        message=(
+            f"each network.{field} peer needs either ipBlock alone or a podSelector and/or a "
+            "namespaceSelector ({} selects all): split a peer that has both into two"
+        ),
+    )
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         field="router.conversationTtlSeconds",
@@ -161,6 +176,7 @@ RULES: tuple[Rule, ...] = (
             "(e.g. /models/Qwen3-32B), or use 'engine'"
         ),
     ),
+    *(_peer_rule(f) for f in ("clients", "metricsScrapers", "operator", "modelDownload")),
     Rule(
         field="router.tenancy.header",
         expression="(self.router.tenancy.identity == 'header') == has(self.router.tenancy.header)",

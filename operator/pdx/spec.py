@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from pdx import labels
 from pdx.profiles import DEFAULT_INSTANCE_TYPE, PROFILES, InstanceProfile
 from pdx.protocol import PREFILL_DECLINE_WINDOW_SECONDS
 from pdx.rules import check_document
@@ -236,7 +237,8 @@ class PlacementSpec(_Spec):
     gpu_taint_toleration: bool | None = None
     """Tolerate the nvidia.com/gpu NoSchedule taint; defaults to the profile's."""
     privileged: bool = False
-    """Run engines privileged (some EFA setups); otherwise only IPC_LOCK and SYS_RESOURCE are added."""
+    """Run engines privileged (some EFA setups); otherwise every capability is dropped but IPC_LOCK and
+    SYS_RESOURCE (with EFA), with no privilege escalation and the runtime's default seccomp profile."""
     fi_env: dict[str, str] = Field(default_factory=dict)
     """libfabric/NIXL environment merged over the profile's (FI_PROVIDER=efa, ...)."""
     efa_check: bool | None = None
@@ -336,6 +338,80 @@ class RouterSpec(_Spec):
         return decoder_ttl - margin  # >= 1: the decoder TTL is at least the decline window + 1
 
 
+class LabelSelectorRequirement(_Spec):
+    """One matchExpressions entry of a Kubernetes label selector."""
+
+    key: str = Field(min_length=1)
+    """Label key."""
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    """How the label's value relates to `values`."""
+    values: list[str] | None = None
+    """Values for In and NotIn; none for Exists and DoesNotExist."""
+
+
+class LabelSelector(_Spec):
+    """A Kubernetes label selector; `{}` selects everything (all pods, or all namespaces)."""
+
+    match_labels: dict[str, str] | None = None
+    """Labels that must all be present with these values."""
+    match_expressions: list[LabelSelectorRequirement] | None = None
+    """Requirements that must all hold."""
+
+
+class IPBlock(_Spec):
+    """A CIDR range of a NetworkPolicy peer, minus sub-ranges."""
+
+    cidr: str = Field(pattern=r"^[0-9a-fA-F.:]+/[0-9]{1,3}$")
+    """e.g. 10.0.0.0/16 or 2001:db8::/64."""
+    except_: list[str] | None = Field(default=None, alias="except")
+    """Sub-ranges of `cidr` left out."""
+
+
+class NetworkPeer(_Spec):
+    """A NetworkPolicy peer, as Kubernetes writes it: `ipBlock` alone, or pod and/or namespace
+    selectors (a podSelector alone means pods of the resource's own namespace)."""
+
+    pod_selector: LabelSelector | None = None
+    """Pods selected by labels (in the selected namespaces, else the resource's)."""
+    namespace_selector: LabelSelector | None = None
+    """Namespaces selected by labels (`{}`: every namespace)."""
+    ip_block: IPBlock | None = None
+    """Addresses outside the pod network (a load balancer, a VPN range)."""
+
+
+MAX_PEERS = 32  # bounds the CEL cost of the peer rules
+
+
+def _operator_peer() -> list[NetworkPeer]:
+    return [
+        NetworkPeer(
+            namespace_selector=LabelSelector(),
+            pod_selector=LabelSelector(match_labels=labels.operator_pods()),
+        )
+    ]
+
+
+class NetworkSpec(_Spec):
+    """Who may reach the router and the engines beyond what pdx needs itself (the rendered
+    NetworkPolicies admit the router to the engines and each role to the other on their own)."""
+
+    clients: list[NetworkPeer] | None = Field(default=None, max_length=MAX_PEERS)
+    """Who may call the router's API port; unset: anyone (any pod, and outside clients that a
+    LoadBalancer or Ingress lets in); `[]`: nobody but `operator` and `metricsScrapers`."""
+    metrics_scrapers: list[NetworkPeer] = Field(default_factory=list, max_length=MAX_PEERS)
+    """Who may scrape /metrics: the engines' HTTP port and the router's port (the router
+    serves /metrics there too); empty: nobody beyond `clients`."""
+    operator: list[NetworkPeer] = Field(default_factory=_operator_peer, max_length=MAX_PEERS)
+    """Who may read the router's /v1/pdx/stats (the operator's reuse advice); default: pods
+    labelled as the chart labels the operator, in any namespace. Narrow it with a
+    namespaceSelector for the operator's namespace."""
+    model_download: list[NetworkPeer] | None = Field(default=None, max_length=MAX_PEERS)
+    """Where engines may open HTTPS (port 443) to fetch weights; unset: any public address
+    (every address but private, shared, loopback and link-local ranges, so never the node's
+    metadata service); `[]`: none (weights already on the model cache PVC; set HF_HUB_OFFLINE=1
+    in the roles' env so vLLM does not try)."""
+
+
 class DisaggregatedInferenceSpec(_Spec):
     """A prefill fleet, a decode fleet and a KV-cache-aware router with bidirectional KV transfer."""
 
@@ -348,7 +424,7 @@ class DisaggregatedInferenceSpec(_Spec):
     model_cache: ModelCacheSpec = Field(default_factory=ModelCacheSpec)
     """Weight cache volume."""
     hf_token_secret: SecretKeyRef | None = None
-    """Secret with the Hugging Face token (HF_TOKEN)."""
+    """Secret with the Hugging Face token, mounted read-only as a file that HF_TOKEN_PATH names (not an env var)."""
     engine_api_key_secret: SecretKeyRef | None = None
     """Secret with an API key the engines require (vLLM's --api-key, as VLLM_API_KEY): the router
     sends it in place of the client's key, so the engines answer only the router."""
@@ -362,6 +438,9 @@ class DisaggregatedInferenceSpec(_Spec):
     """Node placement."""
     router: RouterSpec = Field(default_factory=RouterSpec)
     """The KV-cache-aware router."""
+    network: NetworkSpec = Field(default_factory=NetworkSpec)
+    """Extra peers of the rendered NetworkPolicies: the router's clients, metrics scrapers,
+    the operator, the model download."""
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> DisaggregatedInferenceSpec:

@@ -19,8 +19,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pdx.resource import parse_spec
+from pdx import kinds, labels
+from pdx.controller import admission, rbac
+from pdx.render import render
+from pdx.resource import load, parse_spec
 from tests.chart import load_sync_chart
+from tests.operator.vap import review
 from tests.spec.k8s_api import api_server_errors
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,8 +46,13 @@ VALID_CASES: dict[str, dict[str, Any]] = {
         "operator": {"logFormat": "plain", "verbose": True, "extraArgs": ["--priority=200"]},
         "podAnnotations": {"team": "inference"},
     },
+    "watched-namespaces": {
+        "watchNamespaces": ["inference", "research"],
+        "replicaCount": 2,
+    },
     "no-rbac-no-metrics": {
         "rbac": {"create": False},
+        "admissionPolicy": {"enabled": False},
         "serviceAccount": {"create": False, "name": "existing-operator"},
         "metrics": {"enabled": False},
         "fullnameOverride": "pdx",
@@ -55,6 +64,7 @@ INVALID_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "unknown log format": ({"operator": {"logFormat": "xml"}}, "/operator/logFormat"),
     "port out of range": ({"metrics": {"port": 70000}}, "/metrics/port"),
     "malformed digest tag": ({"image": {"tag": "sha256:nothex"}}, "/image/tag"),
+    "namespace that is no DNS label": ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
 }
 
 
@@ -148,7 +158,7 @@ def test_install_succeeds_and_the_api_receives_exactly_the_manifest_and_crds(hel
 
 @pytest.mark.parametrize("name", list(VALID_CASES))
 def test_every_builtin_object_is_valid_for_kubernetes_1_37_strictly(helm: dict[str, Any], name: str) -> None:
-    custom = {"DisaggregatedInference", "ClusterKopfPeering"}
+    custom = {"DisaggregatedInference", "ClusterKopfPeering", "KopfPeering"}
     checked: set[str] = set()
     for obj in _sent(helm, name):
         if obj["kind"] in custom:
@@ -264,7 +274,8 @@ def test_cluster_role_grants_exactly_the_operators_rules_to_its_service_account(
 def test_rbac_and_metrics_can_be_left_out(helm: dict[str, Any]) -> None:
     name = "no-rbac-no-metrics"
     objs = _rendered(helm, name)
-    assert not _kinds(objs) & {"ClusterRole", "ClusterRoleBinding", "ServiceAccount", "Service"}
+    assert not _kinds(objs) & {"ClusterRole", "ClusterRoleBinding", "ServiceAccount", "Service", "Role", "RoleBinding"}
+    assert not _kinds(objs) & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     container = _container(helm, name)
     assert [p["name"] for p in container["ports"]] == ["health"]
     assert "PDX_METRICS_PORT" not in _env(container)
@@ -299,3 +310,92 @@ def test_invalid_values_fail_lint_and_install_naming_the_field(helm: dict[str, A
     assert not case["install"]["ok"]
     assert "schema" in case["install"]["error"] and field in case["install"]["error"]
     assert not [o for o in case["install"]["objects"] if o["object"]["kind"] != "CustomResourceDefinition"]
+
+
+WRITES = {"create", "update", "patch", "delete", "deletecollection", "*"}
+CHILD_RESOURCES = {(k.group, k.plural) for k in kinds.CHILDREN}
+
+
+def _grants(rule: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+def test_with_watched_namespaces_no_cluster_rule_grants_writes_to_child_kinds(helm: dict[str, Any]) -> None:
+    objs = _rendered(helm, "watched-namespaces")
+    cluster = {grant for rule in _one(objs, "ClusterRole")["rules"] for grant in _grants(rule)}
+    assert not {(g, r, v) for g, r, v in cluster if v in WRITES}, "the ClusterRole writes"
+    assert not {(g, r) for g, r, _ in cluster} & (CHILD_RESOURCES | {("", "pods"), ("inference.pdx.dev", "*")})
+    roles = {o["metadata"]["namespace"]: o for o in objs if o["kind"] == "Role"}
+    bindings = {o["metadata"]["namespace"]: o for o in objs if o["kind"] == "RoleBinding"}
+    assert set(roles) == set(bindings) == {"inference", "research"}
+    sa = _one(objs, "ServiceAccount")["metadata"]["name"]
+    for ns, role in roles.items():
+        assert role["rules"] == rbac.namespaced_rules()
+        assert bindings[ns]["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role["metadata"]["name"],
+        }
+        assert bindings[ns]["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
+    # Every right the operator's handlers need is still granted somewhere.
+    granted = cluster | {grant for rule in rbac.namespaced_rules() for grant in _grants(rule)}
+    assert {grant for rule in rbac.rbac_rules() for grant in _grants(rule)} - granted == {
+        ("kopf.dev", "clusterkopfpeerings", v) for v in ("list", "watch", "patch", "get")
+    }
+
+
+def test_with_watched_namespaces_the_operator_serves_and_peers_in_exactly_them(helm: dict[str, Any]) -> None:
+    name = "watched-namespaces"
+    args = _container(helm, name)["args"]
+    assert "--all-namespaces" not in args
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=inference", "--namespace=research"]
+    objs = _rendered(helm, name)
+    peerings = {o["metadata"]["namespace"]: o["metadata"]["name"] for o in objs if o["kind"] == "KopfPeering"}
+    assert peerings == {"inference": rbac.PEERING_NAME, "research": rbac.PEERING_NAME}
+    assert "ClusterKopfPeering" not in _kinds(objs)
+
+
+def _chart_policy(helm: dict[str, Any], name: str) -> tuple[dict[str, Any], str]:
+    objs = _rendered(helm, name)
+    policy, binding = _one(objs, "ValidatingAdmissionPolicy"), _one(objs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    sa = _one(objs, "ServiceAccount")["metadata"]["name"]
+    return policy, admission.service_account_user(NAMESPACE, sa)
+
+
+def _child(kind: str) -> dict[str, Any]:
+    doc = {
+        "apiVersion": "inference.pdx.dev/v1alpha1",
+        "kind": "DisaggregatedInference",
+        "metadata": {"name": "demo", "namespace": "inference", "uid": "0d2c3b3e-1111-2222-3333-444455556666"},
+        "spec": {"model": {"name": "Qwen/Qwen3-32B"}},
+    }
+    return next(o for o in render(load(doc)) if o["kind"] == kind)
+
+
+def test_with_all_namespaces_the_admission_policy_denies_the_operator_foreign_objects(helm: dict[str, Any]) -> None:
+    policy, operator = _chart_policy(helm, "defaults")
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    aws_auth = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "aws-auth", "namespace": "kube-system"}}
+    mine = _child("ConfigMap")
+    for operation in ("CREATE", "UPDATE", "DELETE"):
+
+        def ask(obj: dict[str, Any], user: str = operator, op: str = operation) -> Any:
+            return review(policy, user=user, operation=op, api_version="v1", resource="configmaps",
+                          namespace=obj["metadata"]["namespace"], obj=None if op == "DELETE" else obj,
+                          old=None if op == "CREATE" else obj)  # fmt: skip
+
+        assert not ask(aws_auth).allowed
+        assert ask(mine).allowed
+        assert not ask(aws_auth, user="kubernetes-admin").matched
+
+
+def test_the_admission_policy_is_the_operators_own_definition(helm: dict[str, Any]) -> None:
+    policy, operator = _chart_policy(helm, "watched-namespaces")
+    expected = admission.policy(operator)["spec"]
+    assert policy["spec"] == expected
+
+
+def test_the_operator_pods_carry_the_labels_the_routers_default_operator_peer_admits(helm: dict[str, Any]) -> None:
+    pod_labels = _one(_rendered(helm, "defaults"), "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert labels.operator_pods().items() <= pod_labels.items()

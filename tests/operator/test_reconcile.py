@@ -37,7 +37,9 @@ EXPECTED = {
     ("ConfigMap", "demo-endpoints"),
     ("Deployment", "demo-router"),
     ("Service", "demo-router"),
-    ("NetworkPolicy", "demo-engines"),
+    ("NetworkPolicy", "demo-prefill"),
+    ("NetworkPolicy", "demo-decode"),
+    ("NetworkPolicy", "demo-router"),
     ("PodDisruptionBudget", "demo-prefill"),
     ("PodDisruptionBudget", "demo-decode"),
 }
@@ -238,6 +240,7 @@ async def test_reuse_counters_reach_status_and_failures_do_not(api: ApiServer, k
         "reusedTokens": 10, "entries": 2, "interTurnGapSeconds": {"count": 50, "p50": 30.0, "p95": 600.0, "max": 700.0},
     }  # fmt: skip
     urls: list[str] = []
+
     def fetch(url: str) -> dict[str, Any]:
         urls.append(url)
         return stats

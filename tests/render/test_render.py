@@ -162,15 +162,6 @@ def test_every_child_carries_standard_labels_and_role() -> None:
         assert labels["app.kubernetes.io/component"]
 
 
-def test_engine_http_is_reachable_only_from_the_router() -> None:
-    policy = by_kind(render(target()), "NetworkPolicy")["qwen3-32b-engines"]["spec"]
-    http_rule, nixl_rule = policy["ingress"]
-    assert http_rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "router"
-    assert http_rule["ports"] == [{"protocol": "TCP", "port": 8000}]
-    assert nixl_rule["from"][0]["podSelector"]["matchLabels"]["pdx.dev/engine"] == "true"
-    assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "qwen3-32b"
-
-
 def test_router_config_carries_the_generation_the_engines_carry() -> None:
     t = target()
     cfg = json.loads(by_kind(render(t), "ConfigMap")["qwen3-32b-router"]["data"]["router.json"])

@@ -20,6 +20,8 @@ PEERING_NAME = "pdx-operator"  # settings.peering.name in handlers.configure
 
 
 CHILD_VERBS = ["get", "list", "watch", "create", "patch", "delete"]
+# The admission operations the child verbs that write become (server-side apply is a PATCH: UPDATE, or CREATE).
+WRITE_OPERATIONS: dict[str, list[str]] = {"create": ["CREATE"], "patch": ["CREATE", "UPDATE"], "delete": ["DELETE"]}
 
 
 def _child_rules() -> list[dict[str, Any]]:
@@ -30,10 +32,11 @@ def _child_rules() -> list[dict[str, Any]]:
     return [{"apiGroups": [g], "resources": plurals, "verbs": list(CHILD_VERBS)} for g, plurals in groups.items()]
 
 
-def rbac_rules() -> list[dict[str, Any]]:
-    """Least privilege for: watching the CR and patching its status; server-side applying,
-    listing and pruning the children; watching the children kopf reacts to; reading pods for
-    readiness and endpoints; posting events; kopf's peering and API discovery."""
+def namespaced_rules() -> list[dict[str, Any]]:
+    """What the operator does inside a namespace it serves: watch the CR and patch it and its
+    status; server-side apply, list and prune the children; watch the children kopf reacts to;
+    read pods for readiness and endpoints; post events; kopf's namespaced peering. With
+    watched namespaces the chart grants exactly these by a Role in each."""
     return [
         {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch"]},
@@ -41,17 +44,34 @@ def rbac_rules() -> list[dict[str, Any]]:
         {"apiGroups": [kinds.POD.group], "resources": [kinds.POD.plural], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
-        # kopf: discovers resources, and watches namespaces when run with a namespace pattern.
-        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
-        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
-        # kopf peering (cluster-wide operator): the replicas see each other here.
-        {
-            "apiGroups": ["kopf.dev"],
-            "resources": ["clusterkopfpeerings"],
-            "verbs": ["list", "watch", "patch", "get"],
-        },
+        # kopf peering of an operator serving namespaces (`--namespace`): one object in each.
         {"apiGroups": ["kopf.dev"], "resources": ["kopfpeerings"], "verbs": ["list", "watch", "patch", "get"]},
     ]
+
+
+def cluster_scoped_rules(*, clusterwide: bool) -> list[dict[str, Any]]:
+    """What only a ClusterRole can grant, all of it read-only but kopf's cluster peering:
+    kopf discovers resources from the CRDs and follows namespaces (it falls back to the names
+    it was given without them); `--all-namespaces` peers through a ClusterKopfPeering."""
+    out: list[dict[str, Any]] = [
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+    ]
+    if clusterwide:
+        out.append(
+            {
+                "apiGroups": ["kopf.dev"],
+                "resources": ["clusterkopfpeerings"],
+                "verbs": ["list", "watch", "patch", "get"],
+            }
+        )
+    return out
+
+
+def rbac_rules() -> list[dict[str, Any]]:
+    """The ClusterRole of an operator serving all namespaces: every namespaced right in every
+    namespace (the chart's admission policy then confines its writes to pdx's own objects)."""
+    return [*namespaced_rules(), *cluster_scoped_rules(clusterwide=True)]
 
 
 def cluster_role() -> dict[str, Any]:

@@ -30,6 +30,6 @@ def render(target: Target, endpoints: list[PublishedEndpoint] | None = None) -> 
     out.append(router.endpoints_configmap(target, endpoints or []))
     out.append(router.router_deployment(target, generation))
     out.append(router.router_service(target))
-    out.append(policies.engines_network_policy(target))
+    out.extend(policies.network_policies(target))
     out.extend(policies.disruption_budgets(target))
     return out

@@ -21,6 +21,8 @@ ENGINE_ENTRYPOINT = "/usr/local/bin/pdx-engine-entrypoint"
 PORT_ENV = "PDX_HTTP_PORT"
 HOST_ENV = "PDX_HTTP_HOST"
 KV_ROLE: dict[Role, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
+HF_TOKEN_DIR = "/var/run/secrets/pdx/hf-token"
+HF_TOKEN_FILE = f"{HF_TOKEN_DIR}/token"
 
 
 def kv_transfer_config(target: Target, role: Role) -> dict[str, Any]:
@@ -91,10 +93,12 @@ def engine_env(target: Target, role: Role) -> list[dict[str, Any]]:
         {"name": "HF_HOME", "value": spec.model_cache.hf_home_path},
     ]
     if spec.hf_token_secret:
-        ref = {"name": spec.hf_token_secret.name, "key": spec.hf_token_secret.key}
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+        # A file, not HF_TOKEN: an environment variable shows in /proc/<pid>/environ, crash
+        # reports and every child process; huggingface_hub reads the file HF_TOKEN_PATH names.
+        env.append({"name": "HF_TOKEN_PATH", "value": HF_TOKEN_FILE})
     if spec.engine_api_key_secret:
-        # What `vllm serve --api-key` sets, without the key on the command line.
+        # What `vllm serve --api-key` sets, without the key on the command line (vLLM reads
+        # no key file, so this one is an environment variable).
         ref = {"name": spec.engine_api_key_secret.name, "key": spec.engine_api_key_secret.key}
         env.append({"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": ref}})
     extra: dict[str, str] = dict(spec.placement.profile.engine_env)
@@ -148,15 +152,38 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
+def engine_security_context(target: Target) -> dict[str, Any]:
+    """As little as vLLM and EFA allow: no capability but the two EFA needs, no escalation,
+    the runtime's default seccomp profile.
+
+    EFA registers pinned memory: IPC_LOCK lets it lock pages, SYS_RESOURCE lift the
+    locked-memory limit. Still root (the serving image has no other user, and the model cache
+    PVC is written as root) and a writable root filesystem (vLLM, torch, triton and flashinfer
+    write caches under ~/.cache and /tmp at run time). `placement.privileged` gives all of it
+    up for EFA setups that need it.
+    """
+    place = target.spec.placement
+    if place.privileged:
+        return {"privileged": True, "allowPrivilegeEscalation": True}
+    caps: dict[str, Any] = {"drop": ["ALL"]}
+    if target.spec.uses_efa:
+        caps["add"] = ["IPC_LOCK", "SYS_RESOURCE"]
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": caps,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
 def engine_container(target: Target, role: Role) -> dict[str, Any]:
     spec = target.spec
     probes = spec.role(role).probes
-    security: dict[str, Any] = {"allowPrivilegeEscalation": spec.placement.privileged}
-    if spec.placement.privileged:
-        security["privileged"] = True
-    elif spec.uses_efa:
-        # EFA registers pinned memory: locked-memory limits must be liftable.
-        security["capabilities"] = {"add": ["IPC_LOCK", "SYS_RESOURCE"]}
+    mounts: list[dict[str, Any]] = [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "model-cache", "mountPath": spec.model_cache.mount_path},
+    ]
+    if spec.hf_token_secret:
+        mounts.append({"name": "hf-token", "mountPath": HF_TOKEN_DIR, "readOnly": True})
     return {
         "name": "vllm",
         "image": spec.image.ref,
@@ -173,14 +200,11 @@ def engine_container(target: Target, role: Role) -> dict[str, Any]:
             },
         ],
         "resources": engine_resources(target, role),
-        "volumeMounts": [
-            {"name": "dshm", "mountPath": "/dev/shm"},
-            {"name": "model-cache", "mountPath": spec.model_cache.mount_path},
-        ],
+        "volumeMounts": mounts,
         "startupProbe": _probe("/health", 10, math.ceil(probes.startup_timeout_seconds / 10)),
         "readinessProbe": _probe("/health", probes.period_seconds, probes.failure_threshold),
         "livenessProbe": _probe("/health", probes.period_seconds, probes.failure_threshold),
-        "securityContext": security,
+        "securityContext": engine_security_context(target),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
@@ -200,16 +224,29 @@ def engine_pod_spec(target: Target, role: Role) -> dict[str, Any]:
         else {"emptyDir": {}}
     )
     shm = role_spec.shm_size or place.profile.shm_size
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+        {"name": "model-cache", **cache},
+    ]
+    if spec.hf_token_secret:
+        secret = spec.hf_token_secret
+        volumes.append(
+            {
+                "name": "hf-token",
+                "secret": {
+                    "secretName": secret.name,
+                    "items": [{"key": secret.key, "path": "token"}],
+                    "defaultMode": 0o400,
+                },
+            }
+        )
     pod: dict[str, Any] = {
         # Service links would inject e.g. VLLM_PORT for a Service named `vllm`, which vLLM reads.
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 60,
         "containers": [engine_container(target, role)],
-        "volumes": [
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
-            {"name": "model-cache", **cache},
-        ],
+        "volumes": volumes,
     }
     if node_selector:
         pod["nodeSelector"] = node_selector

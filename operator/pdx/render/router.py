@@ -109,6 +109,7 @@ def router_deployment(target: Target, config_hash: str) -> dict[str, Any]:
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": 65532,
+            "runAsGroup": 65532,
             "readOnlyRootFilesystem": True,
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
