@@ -9,7 +9,7 @@ import pytest
 
 from pdx_router.chat_tokens import TextPrefix
 from pdx_router.config import StoreConfig
-from pdx_router.entries import Entry
+from pdx_router.entries import Entry, pack_ids
 from pdx_router.store import RedisStore
 
 from .conftest import StackFactory
@@ -37,14 +37,14 @@ async def test_second_turn_on_another_router_reuses_the_entry(
 
 async def test_redis_store_is_bounded_and_single_use(redis_url: str) -> None:
     store = RedisStore(redis_url, "pdx-test-b:", max_entries=2)
-    e = Entry({"remote_num_tokens": 1}, [1], "http://d", "g", 1e10, 1e10 + 5)
+    e = Entry({"remote_num_tokens": 1}, pack_ids([1]), "http://d", "g", 1e10, 1e10 + 5)
     try:
         for k in ("a", "b", "c"):
             await store.put(k, replace(e, deadline=e.deadline + ord(k)))
         assert await store.count() == 2
         assert await store.take("a") is None  # the one closest to its deadline was dropped
         got = await store.take("c")
-        assert got is not None and got.token_ids == [1]
+        assert got is not None and got.token_ids.tolist() == [1]
         assert await store.take("c") is None
     finally:
         await store.close()
@@ -52,7 +52,8 @@ async def test_redis_store_is_bounded_and_single_use(redis_url: str) -> None:
 
 async def test_an_entry_keeps_where_the_routers_tokenizer_resumes_through_redis(redis_url: str) -> None:
     store = RedisStore(redis_url, "pdx-test-c:", max_entries=10)
-    e = Entry({"remote_num_tokens": 3}, [1, 2, 3], "http://d", "g", 1e10, 1e10 + 5, 16, TextPrefix(40, "ab12", 2))
+    ids = pack_ids([1, 2, 3])
+    e = Entry({"remote_num_tokens": 3}, ids, "http://d", "g", 1e10, 1e10 + 5, 16, TextPrefix(40, "ab12", 2))
     try:
         await store.put("k", e)
         assert await store.take("k") == e

@@ -35,6 +35,7 @@ class ClientRequest:
     headers: dict[str, str]  # what the engines get of the client's headers: its API key
     key: str | None  # the conversation's store key, tenant-scoped; None: plain P/D, nothing stored
     wants_ids: bool  # the client asked for token ids itself: they stay in its answer
+    tenant: str | None = None
 
     @property
     def stream(self) -> bool:
@@ -101,9 +102,10 @@ def client_request(
         raise BadRequest(problem)
     conversation = body.get("conversation_id") or headers.get("X-Session-ID")
     clean, wants_ids = clean_client_body(body)
-    key = entry_key(tenant_of(headers, tenant_header), str(conversation)) if conversation else None
+    tenant = tenant_of(headers, tenant_header)
+    key = entry_key(tenant, str(conversation)) if conversation else None
     forwarded = {"Authorization": headers["Authorization"]} if "Authorization" in headers else {}
-    return ClientRequest(path, is_chat, clean, forwarded, key, wants_ids)
+    return ClientRequest(path, is_chat, clean, forwarded, key, wants_ids, tenant=tenant)
 
 
 def clean_client_body(body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
