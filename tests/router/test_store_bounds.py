@@ -8,6 +8,7 @@ import tracemalloc
 from dataclasses import replace
 
 import aiohttp
+import orjson
 
 from pdx_router.config import StoreConfig
 from pdx_router.endpoints import Endpoint
@@ -40,7 +41,7 @@ def stored(ids: list[int], tenant: str = "", deadline: float = 1e12) -> Entry:
     """The entry a finished turn leaves: decode holds all of `ids` (the last one generated)."""
     e = make_entry(kv_for(len(ids)), ids[:-1], ids[-1:], DECODE, 0.0, deadline)
     assert e is not None
-    return replace(e, tenant=tenant)
+    return replace(e, tenant=tenant) if tenant else e
 
 
 def random_ids(n: int, seed: int) -> list[int]:
@@ -50,13 +51,13 @@ def random_ids(n: int, seed: int) -> list[int]:
 
 async def test_a_stored_16k_token_conversation_costs_a_few_bytes_a_token() -> None:
     n, k = 16384, 24
-    histories = [random_ids(n, i) for i in range(k)]  # as decode's answers give them: ints
-    store = MemoryStore(max_entries=1000, max_bytes=2**40)
+    answers = [orjson.dumps(random_ids(n, i)) for i in range(k)]
+    store = MemoryStore(max_entries=1000)
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        for i, ids in enumerate(histories):
-            await store.put(f"k{i}", stored(ids))
+        for i, answer in enumerate(answers):  # the ids as decode's answer gives them: new ints
+            await store.put(f"k{i}", stored(orjson.loads(answer)))
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
