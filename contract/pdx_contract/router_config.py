@@ -21,12 +21,25 @@ class DnsConfig(Document):
     refresh_seconds: float = Field(default=5.0, gt=0)
 
 
+# The store's default byte bound: ~8,000 conversations of 16k tokens.
+DEFAULT_STORE_BYTES = 512 * 1024 * 1024
+
+
 class StoreConfig(Document):
     """Where conversation entries live: in the router's memory, or Redis for several routers."""
 
     kind: Literal["memory", "redis"] = "memory"
     url: str | None = None
     key_prefix: str = "pdx:"
+    max_bytes: int = Field(default=DEFAULT_STORE_BYTES, ge=1)
+    """The entries' bytes, all tenants together (ids at 4 bytes a token, kv JSON, a fixed
+    overhead each): beyond it, the oldest go. In memory, per router replica."""
+    max_bytes_per_tenant: int | None = Field(default=None, ge=1)
+    """One tenant's share: a tenant beyond it drops its own oldest entries, never another's.
+    Unset: a quarter of maxBytes."""
+
+    def tenant_bytes(self) -> int:
+        return self.max_bytes_per_tenant if self.max_bytes_per_tenant is not None else max(1, self.max_bytes // 4)
 
     @model_validator(mode="after")
     def _redis_needs_a_url(self) -> StoreConfig:

@@ -60,6 +60,9 @@ class RouterStats(_Read):
     tokenize_mismatch: int = 0
     prompt_ids: PromptIdSources = PromptIdSources()
     entries: int = 0
+    store_bytes: int = 0
+    """The entries' bytes as the store bounds them (`store.maxBytes`); with the entries' ids,
+    bytes per stored token (scripts/bench_store_memory.py)."""
     inter_turn_gap_seconds: GapSummary = GapSummary()
     router_tokenizer: Literal["off", "probation", "trusted", "disabled"] = "off"
     """The router's own tokenizer: not configured, on probation, trusted, or disabled after a mismatch."""

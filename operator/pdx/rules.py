@@ -7,15 +7,48 @@ the same defaulted document, so both reject the same inputs with the same messag
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import celpy
+from celpy import celtypes
 from celpy.adapter import json_to_cel
 
 from pdx.profiles import PROFILES
 from pdx.protocol import PREFILL_DECLINE_WINDOW_SECONDS
+
+# ---------------------------------------------------------------- Kubernetes' quantity library
+# The API server's CEL has `quantity(s)` (Kubernetes 1.29 and later); cel-python has not, so
+# the models (and tests/spec) evaluate rules with this subset of it: the quantities spec.py's
+# pattern admits, and `asApproximateFloat()`.
+
+_SUFFIXES: dict[str, int | float] = {
+    "": 1, "m": 1e-3, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}  # fmt: skip
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)$")
+
+
+def quantity_value(text: str) -> float:
+    """A Kubernetes quantity ("512Mi", "1.5Gi", "100m") as a number (bytes for memory)."""
+    match = _QUANTITY.match(text)
+    if match is None or match.group(2) not in _SUFFIXES:
+        raise ValueError(f"{text!r} is not a quantity like 512Mi or 1Gi")
+    return float(match.group(1)) * _SUFFIXES[match.group(2)]
+
+
+def _cel_quantity(text: Any) -> celtypes.DoubleType:
+    return celtypes.DoubleType(quantity_value(str(text)))
+
+
+# name -> implementation, for celpy programs: `quantity(s)` is its value, and
+# `.asApproximateFloat()` on it that value as a double.
+KUBERNETES_FUNCTIONS: dict[str, Any] = {
+    "quantity": _cel_quantity,
+    "asApproximateFloat": lambda q: celtypes.DoubleType(q),
+}
 
 
 @dataclass(frozen=True)
@@ -71,6 +104,15 @@ NAME_RULE = {
     "messageExpression": f"\"'\" + self.metadata.name + \"' {NAME_PROBLEM}\"",
     "fieldPath": ".metadata.name",
 }
+
+# The router's memory: its entry store (memory kind) takes up to store.maxBytes as estimated
+# per entry, times this factor in RSS (Python's allocator, the estimate's error), on top of a
+# base for everything else (the interpreter, in-flight turns). Measured on a 2-core VM with
+# scripts/bench_store_memory.py: RSS grew 1.23x the store's estimate over 400 16k-token
+# entries; a router idle at 57 MiB held 123 MiB after 512 16k-token turns, 64 at a time,
+# storing nothing: the base leaves room for ~190 such turns in flight.
+STORE_OVERHEAD_FACTOR = 1.5
+ROUTER_BASE_MEMORY_BYTES = 256 * 2**20
 
 W = PREFILL_DECLINE_WINDOW_SECONDS
 # kvTransfer.kvLeaseDurationSeconds has bounds (the schema's minimum/maximum) but no rule here: in
@@ -197,6 +239,20 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
+        field="router.resources.memory",
+        expression=(
+            "self.router.store.kind != 'memory' || !has(self.router.resources.memory) || "
+            "quantity(self.router.resources.memory).asApproximateFloat() >= "
+            f"{STORE_OVERHEAD_FACTOR} * quantity(self.router.store.maxBytes).asApproximateFloat() + "
+            f"{float(ROUTER_BASE_MEMORY_BYTES)}"
+        ),
+        message=(
+            f"router.resources.memory is below what the entry store needs (router.store.maxBytes x "
+            f"{STORE_OVERHEAD_FACTOR} + {ROUTER_BASE_MEMORY_BYTES // 2**20}Mi for the rest of the router): "
+            "raise it, lower router.store.maxBytes, or leave router.resources.memory unset to derive it"
+        ),
+    ),
+    Rule(
         field="router.replicas",
         expression="self.router.replicas <= 1 || self.router.store.kind == 'redis'",
         message=(
@@ -210,7 +266,7 @@ RULES: tuple[Rule, ...] = (
 @cache
 def _programs() -> list[tuple[Rule, Any]]:
     env = celpy.Environment()
-    return [(rule, env.program(env.compile(rule.expression))) for rule in RULES]
+    return [(rule, env.program(env.compile(rule.expression), functions=KUBERNETES_FUNCTIONS)) for rule in RULES]
 
 
 def warm_up() -> None:

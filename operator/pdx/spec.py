@@ -269,6 +269,14 @@ class RouterStoreSpec(_Spec):
     """`memory` (per replica) or `redis` (shared by all router replicas)."""
     url: str | None = Field(default=None, pattern=r"^rediss?://")
     """Redis URL, required for kind `redis`."""
+    max_bytes: Quantity = "512Mi"
+    """The entries' bytes, all tenants together (token ids at 4 bytes a token, decode's block
+    metadata, a fixed overhead each); beyond it the oldest entries go. In memory: per router
+    replica, and the router's memory limit is derived from it (unless `resources.memory` is
+    set). In Redis: the values' bytes there."""
+    max_bytes_per_tenant: Quantity | None = None
+    """One tenant's share of `maxBytes`: a tenant beyond it drops its own oldest entries, never
+    another tenant's. Unset: a quarter of `maxBytes`."""
 
 
 class TenancySpec(_Spec):
@@ -319,8 +327,9 @@ class RouterSpec(_Spec):
     """Who tokenizes a reused chat turn for the prefix check: `engine` (a /tokenize call to prefill)
     or `router` (the model's own tokenizer, read from `model.name` on the model cache PVC, mounted
     read-only; used once it has matched the engine on 8 prompts, and given up on any mismatch)."""
-    resources: Resources = Field(default_factory=lambda: Resources(cpu="1", memory="1Gi"))
-    """Router resources."""
+    resources: Resources = Field(default_factory=lambda: Resources(cpu="1"))
+    """Router resources. Unset memory is derived from the entry store's bound: store.maxBytes x
+    1.5 + 256Mi for store kind memory (1Gi for the default 512Mi), 256Mi for redis."""
 
     def effective_tenancy(self) -> TenancySpec:
         """The deprecated `tenantHeader` as the identity it now means."""

@@ -51,8 +51,10 @@ log = logging.getLogger("pdx_router")
 def make_store(cfg: RouterConfig) -> Store:
     if cfg.store.kind == "redis":
         assert cfg.store.url is not None
-        return RedisStore(cfg.store.url, cfg.store.key_prefix, cfg.max_entries)
-    return MemoryStore(cfg.max_entries)
+        return RedisStore(
+            cfg.store.url, cfg.store.key_prefix, cfg.max_entries, cfg.store.max_bytes, cfg.store.tenant_bytes()
+        )
+    return MemoryStore(cfg.max_entries, cfg.store.max_bytes, cfg.store.tenant_bytes())
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ class Router:
     async def stats(self, _req: web.Request) -> web.Response:
         entries = await self._count()  # None: the store is down (its errors are counted)
         stats = self.metrics.stats(entries or 0, self.trust.state if self.chat_tokens is not None else "off")
+        stats = stats.model_copy(update={"store_bytes": await self._nbytes() or 0})
         return web.Response(body=orjson.dumps(stats.to_json()), content_type="application/json")
 
     # ------------------------------------------------------------ completions
@@ -453,7 +456,8 @@ class Router:
             return
         if kept.entry is not None:
             prefix = await self._prefix_for_next_turn(ask, plan.text, cap.prompt_ids)
-            await self._put(ask.key, replace(kept.entry, prefix=prefix) if prefix is not None else kept.entry)
+            if ask.tenant is not None:  # a client without an identity shares nothing
+                await self._put(ask.key, replace(kept.entry, prefix=prefix, tenant=ask.tenant))
 
     async def _prefix_for_next_turn(
         self, ask: ClientRequest, text: str | None, prompt_ids: list[int] | None
@@ -501,6 +505,15 @@ class Router:
     async def _count(self) -> int | None:
         try:
             return await self.store.count()
+        except Exception as exc:
+            self._store_failed("count", exc)
+            return None
+
+    async def _nbytes(self) -> int | None:
+        if not isinstance(self.store, MemoryStore | RedisStore):
+            return None  # another store (a test's): nothing to tell
+        try:
+            return await self.store.nbytes()
         except Exception as exc:
             self._store_failed("count", exc)
             return None

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -168,14 +170,16 @@ class ChatTokenizer:
             return None
         return TextPrefix(cut, _digest(text[:cut]), len(ids) - len(tail))
 
-    def resume(self, text: str, prefix: TextPrefix | None, held: list[int]) -> list[int] | None:
+    def resume(self, text: str, prefix: TextPrefix | None, held: Sequence[int]) -> list[int] | None:
         """This prompt's ids from the held head plus the encoded tail, or None if the head
         is not this prompt's."""
         if prefix is None or len(text) < prefix.chars or len(held) < prefix.tokens:
             return None
         if _digest(text[: prefix.chars]) != prefix.digest:
             return None
-        return held[: prefix.tokens] + self.encode(text[prefix.chars :])
+        head = held[: prefix.tokens]
+        # A stored entry's ids are an array: the prompt is a list (it goes to prefill as JSON).
+        return (head.tolist() if isinstance(head, array) else list(head)) + self.encode(text[prefix.chars :])
 
 
 def _token_text(value: Any) -> str | None:

@@ -4,13 +4,26 @@ Entries are single use: decode frees its blocks once prefill has read them, so `
 the entry atomically. That also stops two concurrent turns of one conversation from both
 pointing prefill at the same blocks. Entries are kept a little past their deadline (`grace`)
 so that the router can tell an expired entry from a miss.
+
+Both stores are bounded three ways, each entry's size estimated once when it is put
+(`Entry.nbytes` in memory, the serialized value in Redis):
+
+- `max_entries` and `max_bytes` for the whole store: beyond either, the entries closest to
+  their deadline go first (with one TTL for all, the oldest);
+- `max_bytes_per_tenant`: a tenant beyond its share drops its *own* oldest entries, so one
+  tenant's traffic can never push out another's entries (only the whole store filling up
+  can, and then oldest first, whoever they belong to).
+
+An entry larger than a tenant's share (or the whole store) is not kept at all: the next
+turn of that conversation is a miss, and nothing else is evicted for it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict
-from typing import Protocol
+from typing import Any, Protocol
 
 from .entries import Entry
 
@@ -24,7 +37,9 @@ REDIS_TIMEOUT_SECONDS = 1.0
 class Store(Protocol):
     async def take(self, key: str) -> Entry | None: ...
 
-    async def put(self, key: str, entry: Entry) -> None: ...
+    async def put(self, key: str, entry: Entry) -> None:
+        """Keep `entry` under `key`, bounded by `entry.tenant`'s share."""
+        ...
 
     async def count(self) -> int: ...
 
@@ -34,79 +49,228 @@ class Store(Protocol):
 class MemoryStore:
     """Bounded LRU; with one TTL for all entries insertion order is also deadline order."""
 
-    def __init__(self, max_entries: int, grace: float = GRACE_SECONDS) -> None:
+    def __init__(
+        self,
+        max_entries: int,
+        max_bytes: int | None = None,
+        max_bytes_per_tenant: int | None = None,
+        grace: float = GRACE_SECONDS,
+    ) -> None:
         self._items: OrderedDict[str, Entry] = OrderedDict()
+        self._sizes: dict[str, int] = {}  # each entry's nbytes(), estimated once at put
+        self._by_tenant: dict[str, OrderedDict[str, None]] = {}  # each tenant's keys, oldest first
+        self._tenant_bytes: dict[str, int] = {}
+        self._bytes = 0
         self._max = max_entries
+        self._max_bytes = max_bytes
+        self._max_tenant = max_bytes_per_tenant if max_bytes_per_tenant is not None else max_bytes
         self._grace = grace
+
+    def _drop(self, key: str) -> Entry | None:
+        entry = self._items.pop(key, None)
+        if entry is not None:
+            size = self._sizes.pop(key)
+            self._bytes -= size
+            keys = self._by_tenant[entry.tenant]
+            del keys[key]
+            if keys:
+                self._tenant_bytes[entry.tenant] -= size
+            else:  # no bookkeeping left behind for tenants that come and go
+                del self._by_tenant[entry.tenant]
+                del self._tenant_bytes[entry.tenant]
+        return entry
+
+    def _over(self) -> bool:
+        return len(self._items) > self._max or (self._max_bytes is not None and self._bytes > self._max_bytes)
 
     def _sweep(self, now: float) -> None:
         items = self._items
         while items:
-            _key, entry = next(iter(items.items()))
-            if entry.deadline + self._grace > now and len(items) <= self._max:
+            key, entry = next(iter(items.items()))
+            if entry.deadline + self._grace > now and not self._over():
                 break
-            items.popitem(last=False)
+            self._drop(key)
 
     async def take(self, key: str) -> Entry | None:
-        return self._items.pop(key, None)
+        return self._drop(key)
 
     async def put(self, key: str, entry: Entry) -> None:
-        self._items.pop(key, None)
+        self._drop(key)
+        size, tenant = entry.nbytes(), entry.tenant
+        if self._max_tenant is not None and size > self._max_tenant:
+            self._sweep(time.time())
+            return  # larger than a tenant may hold: keeping it would only evict the rest
         self._items[key] = entry
+        self._sizes[key] = size
+        self._by_tenant.setdefault(tenant, OrderedDict())[key] = None
+        self._tenant_bytes[tenant] = self._tenant_bytes.get(tenant, 0) + size
+        self._bytes += size
+        if self._max_tenant is not None:
+            while self._tenant_bytes[tenant] > self._max_tenant:
+                self._drop(next(iter(self._by_tenant[tenant])))
         self._sweep(time.time())
 
     async def count(self) -> int:
         self._sweep(time.time())
         return len(self._items)
 
+    async def nbytes(self) -> int:
+        """The estimated bytes of the entries held (what max_bytes bounds)."""
+        self._sweep(time.time())
+        return self._bytes
+
     async def close(self) -> None:
         self._items.clear()
+        self._sizes.clear()
+        self._by_tenant.clear()
+        self._tenant_bytes.clear()
+        self._bytes = 0
+
+
+# The Redis store's bookkeeping, kept by these scripts so that every change is atomic (a
+# script runs alone on the server). Keys, under the store's prefix P:
+#   P<key>        the entry (a string with a TTL)
+#   Pindex        sorted set: every entry's key, scored by when it may go (deadline + grace)
+#   Psize, Powner hashes: each entry's size in bytes, and its tenant's id
+#   Pbytes        the bytes of all entries; Ptbytes: a hash, the bytes per tenant id
+#   Ptenant:<id>  sorted set: one tenant's entries, scored like the index
+# Entries written by earlier routers are in the index but have no size: they count as 0 and
+# leave within one TTL. The scripts name keys they compute from the prefix, so the store
+# runs on one Redis (or a replicated primary), not on Redis Cluster.
+_LUA_COMMON = """
+local P = ARGV[1]
+local index, sizes, owners, total, tbytes = P..'index', P..'size', P..'owner', P..'bytes', P..'tbytes'
+local function drop(k)
+  local size = tonumber(redis.call('HGET', sizes, k) or '0')
+  local owner = redis.call('HGET', owners, k)
+  redis.call('DEL', k)
+  redis.call('ZREM', index, k)
+  redis.call('HDEL', sizes, k)
+  redis.call('HDEL', owners, k)
+  redis.call('DECRBY', total, size)
+  if owner then
+    local tz = P..'tenant:'..owner
+    redis.call('ZREM', tz, k)
+    if redis.call('ZCARD', tz) == 0 then
+      redis.call('HDEL', tbytes, owner)
+    else
+      redis.call('HINCRBY', tbytes, owner, -size)
+    end
+  end
+end
+local function sweep(now)
+  for _, k in ipairs(redis.call('ZRANGEBYSCORE', index, '-inf', now)) do drop(k) end
+end
+"""
+# ARGV: prefix, key, now -> the entry's value or nil
+_LUA_TAKE = (
+    _LUA_COMMON
+    + """
+local k = P..ARGV[2]
+local value = redis.call('GET', k)
+drop(k)
+return value
+"""
+)
+# ARGV: prefix, key, value, keep_ms, score, now, size, tenant id, max entries, max bytes,
+# max bytes per tenant (0: no bound) -> 1 if kept
+_LUA_PUT = (
+    _LUA_COMMON
+    + """
+local k, value, keep_ms, score, now = P..ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local size, owner = tonumber(ARGV[7]), ARGV[8]
+local max_entries, max_bytes, max_tenant = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+drop(k)
+sweep(now)
+if (max_tenant > 0 and size > max_tenant) or (max_bytes > 0 and size > max_bytes) then return 0 end
+local tz = P..'tenant:'..owner
+redis.call('SET', k, value, 'PX', keep_ms)
+redis.call('ZADD', index, score, k)
+redis.call('ZADD', tz, score, k)
+redis.call('HSET', sizes, k, size)
+redis.call('HSET', owners, k, owner)
+redis.call('INCRBY', total, size)
+redis.call('HINCRBY', tbytes, owner, size)
+if max_tenant > 0 then
+  while tonumber(redis.call('HGET', tbytes, owner) or '0') > max_tenant do
+    local oldest = redis.call('ZRANGE', tz, 0, 0)[1]
+    if not oldest then break end
+    drop(oldest)
+  end
+end
+while redis.call('ZCARD', index) > max_entries
+    or (max_bytes > 0 and tonumber(redis.call('GET', total) or '0') > max_bytes) do
+  local oldest = redis.call('ZRANGE', index, 0, 0)[1]
+  if not oldest then break end
+  drop(oldest)
+end
+return 1
+"""
+)
+# ARGV: prefix, now -> {entries, bytes}
+_LUA_USAGE = (
+    _LUA_COMMON
+    + """
+sweep(ARGV[2])
+return {redis.call('ZCARD', index), tonumber(redis.call('GET', total) or '0')}
+"""
+)
+
+
+def tenant_id(tenant: str) -> str:
+    """A tenant's name in Redis keys: a header's value may be of any length or charset."""
+    return hashlib.sha256(tenant.encode(errors="surrogatepass")).hexdigest()[:32]
 
 
 class RedisStore:
-    """Entries as Redis strings with a TTL, plus a sorted set of deadlines for counting."""
+    """Entries as Redis strings with a TTL, plus the bookkeeping above (sizes, tenants)."""
 
-    def __init__(self, url: str, key_prefix: str, max_entries: int, grace: float = GRACE_SECONDS) -> None:
+    def __init__(
+        self,
+        url: str,
+        key_prefix: str,
+        max_entries: int,
+        max_bytes: int | None = None,
+        max_bytes_per_tenant: int | None = None,
+        grace: float = GRACE_SECONDS,
+    ) -> None:
         import redis.asyncio as aioredis
 
         self._redis = aioredis.Redis.from_url(
             url, socket_timeout=REDIS_TIMEOUT_SECONDS, socket_connect_timeout=REDIS_TIMEOUT_SECONDS
         )
         self._prefix = key_prefix
-        self._index = f"{key_prefix}index"
         self._max = max_entries
+        self._max_bytes = max_bytes or 0
+        tenant_bound = max_bytes_per_tenant if max_bytes_per_tenant is not None else max_bytes
+        self._max_tenant = tenant_bound or 0
         self._grace = grace
+        self._take = self._redis.register_script(_LUA_TAKE)
+        self._put = self._redis.register_script(_LUA_PUT)
+        self._usage = self._redis.register_script(_LUA_USAGE)
 
     async def take(self, key: str) -> Entry | None:
-        k = self._prefix + key
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.getdel(k)
-        pipe.zrem(self._index, k)
-        raw, _ = await pipe.execute()
+        raw = await self._take(args=[self._prefix, key, time.time()])
         return Entry.from_bytes(raw) if raw is not None else None
 
     async def put(self, key: str, entry: Entry) -> None:
-        k = self._prefix + key
-        keep_ms = max(1, int((entry.deadline - time.time() + self._grace) * 1000))
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.set(k, entry.to_bytes(), px=keep_ms)
-        pipe.zadd(self._index, {k: entry.deadline + self._grace})
-        pipe.zremrangebyscore(self._index, "-inf", time.time())
-        await pipe.execute()
-        await self._trim()
+        now = time.time()
+        keep_ms = max(1, int((entry.deadline - now + self._grace) * 1000))
+        value = entry.to_bytes()
+        args: list[Any] = [self._prefix, key, value, keep_ms, entry.deadline + self._grace, now, len(value)]
+        args += [tenant_id(entry.tenant), self._max, self._max_bytes, self._max_tenant]
+        await self._put(args=args)
 
-    async def _trim(self) -> None:
-        """Enforce maxEntries by dropping the entries closest to their deadline."""
-        excess = int(await self._redis.zcard(self._index)) - self._max
-        if excess > 0:
-            oldest = await self._redis.zpopmin(self._index, excess)
-            members = [item[0] for item in oldest if isinstance(item, tuple | list)]
-            if members:
-                await self._redis.delete(*members)
+    async def _entries_and_bytes(self) -> tuple[int, int]:
+        entries, nbytes = await self._usage(args=[self._prefix, time.time()])
+        return int(entries), int(nbytes)
 
     async def count(self) -> int:
-        await self._redis.zremrangebyscore(self._index, "-inf", time.time())
-        return int(await self._redis.zcard(self._index))
+        return (await self._entries_and_bytes())[0]
+
+    async def nbytes(self) -> int:
+        """The bytes of the entries' values in Redis (what max_bytes bounds)."""
+        return (await self._entries_and_bytes())[1]
 
     async def close(self) -> None:
         await self._redis.aclose()

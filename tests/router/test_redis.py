@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import random
+import time
 from dataclasses import replace
 
 import aiohttp
+import orjson
 import pytest
+import redis.asyncio as redis
 
 from pdx_router.chat_tokens import TextPrefix
 from pdx_router.config import StoreConfig
-from pdx_router.entries import Entry
+from pdx_router.entries import Entry, pack_ids
 from pdx_router.store import RedisStore
 
 from .conftest import StackFactory
@@ -37,14 +42,14 @@ async def test_second_turn_on_another_router_reuses_the_entry(
 
 async def test_redis_store_is_bounded_and_single_use(redis_url: str) -> None:
     store = RedisStore(redis_url, "pdx-test-b:", max_entries=2)
-    e = Entry({"remote_num_tokens": 1}, [1], "http://d", "g", 1e10, 1e10 + 5)
+    e = Entry({"remote_num_tokens": 1}, pack_ids([1]), "http://d", "g", 1e10, 1e10 + 5)
     try:
         for k in ("a", "b", "c"):
             await store.put(k, replace(e, deadline=e.deadline + ord(k)))
         assert await store.count() == 2
         assert await store.take("a") is None  # the one closest to its deadline was dropped
         got = await store.take("c")
-        assert got is not None and got.token_ids == [1]
+        assert got is not None and got.token_ids.tolist() == [1]
         assert await store.take("c") is None
     finally:
         await store.close()
@@ -52,12 +57,86 @@ async def test_redis_store_is_bounded_and_single_use(redis_url: str) -> None:
 
 async def test_an_entry_keeps_where_the_routers_tokenizer_resumes_through_redis(redis_url: str) -> None:
     store = RedisStore(redis_url, "pdx-test-c:", max_entries=10)
-    e = Entry({"remote_num_tokens": 3}, [1, 2, 3], "http://d", "g", 1e10, 1e10 + 5, 16, TextPrefix(40, "ab12", 2))
+    ids = pack_ids([1, 2, 3])
+    e = Entry({"remote_num_tokens": 3}, ids, "http://d", "g", 1e10, 1e10 + 5, 16, TextPrefix(40, "ab12", 2))
     try:
         await store.put("k", e)
         assert await store.take("k") == e
         await store.put("k", replace(e, prefix=None))
         got = await store.take("k")
         assert got is not None and got.prefix is None
+    finally:
+        await store.close()
+
+
+def _entry(n: int, seed: int, tenant: str = "", deadline: float | None = None) -> Entry:
+    """An entry of n ids; the later the seed, the later its deadline (Redis orders by it)."""
+    rng = random.Random(seed)
+    ids = pack_ids([0, 2**32 - 1, *(rng.randrange(150_000) for _ in range(n - 2))])
+    kv = {"remote_num_tokens": n, "remote_block_ids": [list(range(n // 16))], "remote_engine_id": "d"}
+    return Entry(kv, ids, "http://d", "g", 1e10, deadline or 1e10 + seed, 16, tenant=tenant)
+
+
+async def test_compact_ids_round_trip_through_redis_at_4_bytes_a_token(redis_url: str) -> None:
+    store = RedisStore(redis_url, "pdx-test-d:", max_entries=10)
+    e = _entry(16384, 1, tenant="acme")
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        await store.put("k", e)
+        value = await raw.get("pdx-test-d:k")
+        # the ids at 4 bytes each after a header (kv and all) in JSON; the JSON list was ~7 a token
+        assert value is not None and len(value) < 4 * 16384 + len(orjson.dumps(e.kv)) + 256
+        got = await store.take("k")
+        assert got == e and got.token_ids.tolist()[:2] == [0, 2**32 - 1]
+    finally:
+        await raw.aclose()
+        await store.close()
+
+
+async def test_an_entry_in_the_json_form_of_earlier_routers_is_still_read(redis_url: str) -> None:
+    """Routers are upgraded while Redis holds their entries (this form is main's today)."""
+    store = RedisStore(redis_url, "pdx-test-e:", max_entries=10)
+    raw = redis.Redis.from_url(redis_url)
+    old = {"kv": {"remote_num_tokens": 3}, "t": [5, 6, 7], "d": "http://d", "g": "g", "s": 1.0, "x": 2.0, "b": 16}
+    try:
+        await raw.set("pdx-test-e:k", orjson.dumps({**old, "p": None}))
+        got = await store.take("k")
+        assert got is not None and got.token_ids.tolist() == [5, 6, 7] and got.block_size == 16
+    finally:
+        await raw.aclose()
+        await store.close()
+
+
+async def test_the_redis_store_holds_its_byte_bound_and_each_tenants_share(redis_url: str) -> None:
+    one = len(_entry(1000, 0, tenant="mallory").to_bytes())
+    store = RedisStore(redis_url, "pdx-test-f:", max_entries=1000, max_bytes=8 * one, max_bytes_per_tenant=4 * one)
+    try:
+        for i in range(2):
+            await store.put(f"victim{i}", _entry(1000, i, tenant="victim"))
+        for i in range(50):  # the flood: far beyond the whole store
+            await store.put(f"flood{i}", _entry(1000, 100 + i, tenant="mallory"))
+            assert await store.nbytes() <= 8 * one
+        assert await store.count() == 2 + 4
+        assert all([await store.take(f"victim{i}") is not None for i in range(2)])
+        assert await store.take("flood49") is not None and await store.take("flood45") is None
+        for i in range(10):  # many tenants: the whole store's bound, the oldest first
+            await store.put(f"t{i}", _entry(1000, 200 + i, tenant=f"t{i}"))
+        assert await store.count() == 8 and await store.nbytes() <= 8 * one
+        assert await store.take("t1") is None and await store.take("t9") is not None
+    finally:
+        await store.close()
+
+
+async def test_the_redis_stores_bytes_follow_take_and_expiry(redis_url: str) -> None:
+    store = RedisStore(redis_url, "pdx-test-g:", max_entries=10, max_bytes=10**9, grace=0.0)
+    try:
+        await store.put("a", _entry(100, 1, tenant="x"))
+        await store.put("a", _entry(100, 2, tenant="x"))  # replaced, counted once
+        assert await store.nbytes() == len(_entry(100, 2, tenant="x").to_bytes())
+        assert await store.take("a") is not None and await store.nbytes() == 0
+        await store.put("b", _entry(100, 3, tenant="x", deadline=time.time() + 0.05))
+        assert await store.nbytes() > 0
+        await asyncio.sleep(0.1)
+        assert await store.nbytes() == 0 and await store.count() == 0
     finally:
         await store.close()

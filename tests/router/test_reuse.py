@@ -81,7 +81,7 @@ def test_entry_checks_deadline_holder_and_generation() -> None:
 def test_entry_holds_exactly_remote_num_tokens_ids() -> None:
     kv = {"remote_num_tokens": 6, "remote_block_ids": [[1, 2]], "remote_blocks_expiry_time": 5.0}
     e = make_entry(kv, [1, 2, 3, 4], [5, 6, 7], ep("decode", "d"), 10.0, 450.0)
-    assert e is not None and e.token_ids == [1, 2, 3, 4, 5, 6] and e.deadline == 460.0
+    assert e is not None and e.token_ids.tolist() == [1, 2, 3, 4, 5, 6] and e.deadline == 460.0
     assert make_entry({**kv, "remote_blocks_expiry_time": None}, [1], [2], ep("decode", "d"), 0, 1) is None
     assert make_entry({**kv, "remote_num_tokens": 9}, [1, 2], [3], ep("decode", "d"), 0, 1) is None
 
@@ -131,7 +131,7 @@ def _decode_answer(prompt: list[int], output: list[int], choices: int = 1) -> Ca
 
 def test_a_turn_decode_ran_on_the_compared_ids_is_kept() -> None:
     kept = after_turn(_decode_answer([1, 2, 3, 4], [5, 6, 7]), [1, 2, 3, 4], ep("decode", "d"), 10.0, 450.0)
-    assert not kept.mismatch and kept.entry is not None and kept.entry.token_ids == [1, 2, 3, 4, 5, 6]
+    assert not kept.mismatch and kept.entry is not None and kept.entry.token_ids.tolist() == [1, 2, 3, 4, 5, 6]
     unplanned = after_turn(_decode_answer([1, 2, 3, 4], [5, 6, 7]), None, ep("decode", "d"), 10.0, 450.0)
     assert unplanned.entry is not None  # no reuse this turn: nothing to hold against it
 

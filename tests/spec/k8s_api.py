@@ -17,6 +17,8 @@ import jsonschema
 import yaml
 from celpy.adapter import json_to_cel
 
+from pdx.rules import KUBERNETES_FUNCTIONS
+
 CRD_PATH = Path(__file__).parents[2] / "crds" / "disaggregatedinferences.yaml"
 
 
@@ -85,4 +87,5 @@ def api_server_errors(spec: dict[str, Any]) -> list[str]:
 def _rules() -> list[tuple[str, Any]]:
     env = celpy.Environment()
     rules = spec_schema().get("x-kubernetes-validations", [])
-    return [(r["fieldPath"], env.program(env.compile(r["rule"]))) for r in rules]
+    # The API server's Kubernetes CEL libraries, as far as the rules use them (quantity()).
+    return [(r["fieldPath"], env.program(env.compile(r["rule"]), functions=KUBERNETES_FUNCTIONS)) for r in rules]

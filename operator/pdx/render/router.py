@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from pdx import labels
 from pdx.render import meta
 from pdx.render.meta import HTTP_PORT, Role
 from pdx.resource import Target
+from pdx.rules import ROUTER_BASE_MEMORY_BYTES, STORE_OVERHEAD_FACTOR, quantity_value
+from pdx.spec import RouterSpec
 from pdx_contract.base import Document, engine_url
 from pdx_contract.endpoints import EndpointsDocument, PublishedEndpoint
 from pdx_contract.router_config import DnsConfig, RouterConfig, StoreConfig, TenancyConfig
@@ -50,9 +53,30 @@ def router_config(target: Target, config_hash: str) -> RouterConfig:
         tenancy=TenancyConfig(identity=tenancy.identity, header=tenancy.header),
         reuse_headers=router.reuse_headers,
         engine_api_key_file=f"{ENGINE_KEY_DIR}/{ENGINE_KEY_FILE}" if spec.engine_api_key_secret else None,
-        store=StoreConfig(kind=router.store.kind, url=router.store.url),
+        store=StoreConfig(
+            kind=router.store.kind,
+            url=router.store.url,
+            max_bytes=_bytes(router.store.max_bytes),
+            max_bytes_per_tenant=_bytes(tenant) if (tenant := router.store.max_bytes_per_tenant) else None,
+        ),
         tokenizer=spec.model.name if router.tokenizer == "router" else None,
     )
+
+
+def _bytes(q: str) -> int:
+    return max(1, int(quantity_value(q)))
+
+
+def router_memory(router: RouterSpec) -> str:
+    """The router's memory request and limit: as given, else what its entry store needs (the
+    bound rules.py checks a given one against)."""
+    if router.resources.memory:
+        return router.resources.memory
+    need = float(ROUTER_BASE_MEMORY_BYTES)
+    if router.store.kind == "memory":
+        need += STORE_OVERHEAD_FACTOR * _bytes(router.store.max_bytes)
+    mib = math.ceil(need / 2**20)
+    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
 
 
 def endpoints_document(endpoints: list[PublishedEndpoint]) -> EndpointsDocument:
@@ -91,8 +115,7 @@ def router_deployment(target: Target, config_hash: str) -> dict[str, Any]:
         resources["requests"]["cpu"] = res.cpu
         if res.limit_cpu:
             resources["limits"]["cpu"] = res.cpu
-    if res.memory:
-        resources["requests"]["memory"] = resources["limits"]["memory"] = res.memory
+    resources["requests"]["memory"] = resources["limits"]["memory"] = router_memory(router)
     container: dict[str, Any] = {
         "name": "router",
         "image": router.image.ref,

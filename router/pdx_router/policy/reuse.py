@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from ..endpoints import Endpoint
-from ..entries import Captured, Entry
+from ..entries import Captured, Entry, pack_ids
 from ..tokens import blocks_for, common_prefix_len, infer_block_size
 from . import Outcome
 
@@ -55,13 +55,25 @@ def cut_block_ids(block_ids: Any, num_blocks: int) -> list[list[int]]:
     return [list(group[:num_blocks]) for group in block_ids]
 
 
+def packed_prompt(prompt_ids: Sequence[int], held: int) -> Sequence[int]:
+    """The new prompt as the held ids are kept, so the prefix check compares memory (packing
+    16k ids costs about what comparing them as lists did). Only the first `held` ids can
+    match. An id no token can have (negative, or 2^32 and up) cannot be packed: those ids
+    are compared as they are (slowly, and never equal to a held id)."""
+    head = prompt_ids[:held]
+    try:
+        return pack_ids(head)
+    except (OverflowError, TypeError):
+        return head
+
+
 def plan_reuse(entry: Entry, prompt_ids: Sequence[int], threshold: int) -> ReusePlan:
     """Decide how many of decode's tokens prefill may read for this prompt.
 
     The last prompt token is always left for prefill to compute (it needs logits).
     """
     held = entry.token_ids[: entry.num_tokens]
-    lcp = common_prefix_len(held, prompt_ids)
+    lcp = common_prefix_len(held, packed_prompt(prompt_ids, len(held)))
     usable = min(lcp, len(prompt_ids) - 1)
     if usable < max(threshold, 1):
         diverged = lcp < len(held) and lcp < len(prompt_ids)
@@ -181,9 +193,13 @@ def make_entry(
     held = [*prompt_ids, *output_ids][:n]
     if len(held) < n:
         return None  # we cannot name every token decode holds: never guess
+    try:
+        ids = pack_ids(held)
+    except (OverflowError, TypeError):
+        return None  # an id no token has: decode's answer is not to be built on
     return Entry(
         kv=dict(decode_kv),
-        token_ids=held,
+        token_ids=ids,
         decode_url=decode.url,
         generation=decode.generation,
         stored_at=now,
