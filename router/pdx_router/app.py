@@ -122,7 +122,9 @@ class Router:
     async def metrics_route(self, _req: web.Request) -> web.Response:
         if (entries := await self._count()) is not None:
             self.metrics.entries.set(entries)
-        body = generate_latest(self.metrics.registry)
+        # In a thread, so a scrape never stalls the streams (prometheus_client takes a lock per
+        # metric and per value: the loop may count meanwhile).
+        body = await asyncio.to_thread(generate_latest, self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def stats(self, _req: web.Request) -> web.Response:
@@ -524,13 +526,17 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def count_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Labelled by the matched route, never the path a client typed (each distinct path would
+    be a series of its own: /metrics would grow without bound)."""
     router: Router = request.app[ROUTER]
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else None
     try:
         resp = await handler(request)
     except web.HTTPException as exc:
-        router.metrics.requests.labels(request.path, str(exc.status)).inc()
+        router.metrics.request(route, exc.status)
         raise
-    router.metrics.requests.labels(request.path, str(resp.status)).inc()
+    router.metrics.request(route, resp.status)
     return resp
 
 
