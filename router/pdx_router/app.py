@@ -19,6 +19,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from .bounds import CONNECTIONS, Connections
 from .chat_tokens import ChatTokenizer, TextPrefix
 from .config import RouterConfig
 from .discovery import Discovery, Pool
@@ -143,8 +144,13 @@ class Router:
     async def _complete(self, req: web.Request, path: str, is_chat: bool) -> web.StreamResponse:
         started = time.perf_counter()
         try:
-            raw = await req.read()
+            raw = await asyncio.wait_for(req.read(), self.cfg.body_timeout_seconds)
             body = orjson.loads(raw)
+        except TimeoutError:
+            seconds = self.cfg.body_timeout_seconds
+            slow = _error(408, f"request body not received within bodyTimeoutSeconds ({seconds:g} s)")
+            slow.force_close()  # the rest of the body is unread: the connection carries no next request
+            return slow
         except orjson.JSONDecodeError:
             return _error(400, "request body is not valid JSON")
         if not isinstance(body, dict):
@@ -541,10 +547,13 @@ async def count_requests(request: web.Request, handler: Handler) -> web.StreamRe
 
 
 def build_app(cfg: RouterConfig, store: Store | None = None) -> web.Application:
-    """An aiohttp app; the request-size limit makes aiohttp answer 413 by itself."""
+    """An aiohttp app; the request-size limit makes aiohttp answer 413 by itself. Serve it
+    with bounds.BoundedSite(runner, app[CONNECTIONS], ...) for the connection bounds."""
     router = Router(cfg, store)
-    app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[count_requests])
+    conns = Connections(cfg.header_timeout_seconds, cfg.max_connections)
+    app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[conns.middleware, count_requests])
     app[ROUTER] = router
+    app[CONNECTIONS] = conns
     app.on_startup.append(router.start)
     app.on_cleanup.append(router.stop)
     app.router.add_post("/v1/chat/completions", router.chat)
