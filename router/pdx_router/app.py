@@ -550,7 +550,7 @@ def build_app(cfg: RouterConfig, store: Store | None = None) -> web.Application:
     """An aiohttp app; the request-size limit makes aiohttp answer 413 by itself. Serve it
     with bounds.BoundedSite(runner, app[CONNECTIONS], ...) for the connection bounds."""
     router = Router(cfg, store)
-    conns = Connections(cfg.header_timeout_seconds, cfg.max_connections)
+    conns = Connections(cfg.header_timeout_seconds, cfg.max_connections, router.metrics)
     app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[conns.middleware, count_requests])
     app[ROUTER] = router
     app[CONNECTIONS] = conns

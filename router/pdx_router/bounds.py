@@ -19,6 +19,8 @@ from typing import Any, cast
 
 from aiohttp import web
 
+from .metrics import Metrics
+
 log = logging.getLogger("pdx_router")
 
 _FULL = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
@@ -31,12 +33,11 @@ class Connections:
     """The open client connections of one server, and the middleware that tells each one
     when a request of it is being handled (so its header timer stays off meanwhile)."""
 
-    def __init__(self, header_timeout_seconds: float, max_connections: int) -> None:
+    def __init__(self, header_timeout_seconds: float, max_connections: int, metrics: Metrics) -> None:
         self.header_timeout = header_timeout_seconds
         self.max_connections = max_connections
+        self.metrics = metrics
         self.open: dict[asyncio.BaseTransport, _Guarded] = {}
-        self.refused = 0  # connections turned away at the cap
-        self.timed_out = 0  # connections closed for not sending their headers in time
 
     def factory(self, server: web.Server) -> Callable[[], asyncio.Protocol]:
         """A protocol factory for loop.create_server: aiohttp's handler, guarded."""
@@ -67,12 +68,13 @@ class _Guarded(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)  # (uvloop's is not a subclass)
         if len(self._conns.open) >= self._conns.max_connections:
-            self._conns.refused += 1
+            self._conns.metrics.connections_closed.labels("max_connections").inc()
             transport.write(_FULL)
             transport.close()  # the inner handler never saw it: nothing to tell it
             return
         self._transport = transport
         self._conns.open[transport] = self
+        self._conns.metrics.open_connections.set(len(self._conns.open))
         self._inner.connection_made(transport)
         self._arm()
 
@@ -91,6 +93,7 @@ class _Guarded(asyncio.Protocol):
             return
         self._disarm()
         self._conns.open.pop(self._transport, None)
+        self._conns.metrics.open_connections.set(len(self._conns.open))
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -117,7 +120,7 @@ class _Guarded(asyncio.Protocol):
         self._timer = None
         if self.busy or self._transport is None or self._transport.is_closing():
             return
-        self._conns.timed_out += 1
+        self._conns.metrics.connections_closed.labels("header_timeout").inc()
         log.info("closed a connection that sent no whole request within headerTimeoutSeconds")
         self._transport.write(_SLOW)
         self._transport.close()

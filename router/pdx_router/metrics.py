@@ -17,6 +17,7 @@ _GAP_BUCKETS = (1, 5, 10, 30, 60, 120, 240, 300, 450, 480, 600, 1200, 3600)
 # likeliest to see passed on. Any other is counted by its class (4xx, 5xx): a label's values
 # stay few whatever engines or clients do.
 _STATUSES = frozenset({200, 400, 401, 403, 404, 405, 408, 413, 422, 429, 500, 502, 503, 504})
+CLOSE_REASONS = ("max_connections", "header_timeout")
 UNMATCHED = "unmatched"  # the route label of every request no route matched (404, 405)
 
 
@@ -80,8 +81,18 @@ class Metrics:
             ["op"],
             registry=r,
         )
+        self.connections_closed = Counter(
+            "pdx_router_connections_closed",
+            "Client connections the router ended: refused above maxConnections, or closed at"
+            " headerTimeoutSeconds without a whole request.",
+            ["reason"],
+            registry=r,
+        )
+        self.open_connections = Gauge("pdx_router_open_connections", "Client connections open.", registry=r)
         for o in REUSE_OUTCOMES:
             self.reuse.labels(o)
+        for reason in CLOSE_REASONS:
+            self.connections_closed.labels(reason)
         self._counts = dict.fromkeys(REUSE_OUTCOMES, 0)
         self._tokenize_mismatches = 0
         self._prompt_ids = {"local": 0, "engine": 0}

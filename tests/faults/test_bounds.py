@@ -87,6 +87,11 @@ async def _ending(reader: asyncio.StreamReader, within: float) -> bytes | None:
         return None
 
 
+async def _metrics(http: aiohttp.ClientSession, url: str) -> bytes:
+    async with http.get(url + "/metrics") as r:
+        return await r.read()
+
+
 async def _served(http: aiohttp.ClientSession, url: str) -> bool:
     TALLY.turns += 1
     status, _, lines = await chat(http, url, [user("hi")], conversation=None, stream=True)
@@ -116,6 +121,7 @@ async def test_slow_header_senders_are_closed_while_others_are_served(
     assert len(closed) == 60, f"{60 - len(closed)} of 60 slow connections still open after the header timeout"
     assert all(e.startswith(b"HTTP/1.1 408 ") for e in closed)
     assert all(served_meanwhile) and len(served_meanwhile) >= 3
+    assert b'pdx_router_connections_closed_total{reason="header_timeout"} 60.0' in await _metrics(http, url)
 
 
 async def test_connections_above_the_cap_are_refused_until_some_close(
@@ -132,6 +138,9 @@ async def test_connections_above_the_cap_are_refused_until_some_close(
     ok = await _served(http, url)
     for _, w in idle:
         w.close()
+    shown = await _metrics(http, url)
+    assert b'pdx_router_connections_closed_total{reason="max_connections"} 1.0' in shown
+    assert b"pdx_router_open_connections 1.0" in shown  # this scrape's own
     _record("connections above maxConnections", ok)
     assert ok
 
