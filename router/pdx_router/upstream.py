@@ -159,6 +159,8 @@ def _multi_data(block: bytes) -> bool:
     several data lines)? A step per line: vLLM's events are a data line and an empty one."""
     if block.find(b"\r") >= 0:
         return True  # CR line ends: go event by event, which reads them all
+    if len(block) <= 1 << 16 and block.count(b"\n") == 2 * block.count(b"\n\n"):
+        return False  # every run of line ends is even: each line is followed by an empty one
     i = block.find(b"\n")
     while 0 <= i < len(block) - 1:
         nxt = block.find(b"\n", i + 1)
@@ -219,6 +221,9 @@ class StreamFilter:
 
     def _take(self, buf: bytes) -> bytes:
         """Relay the whole events of `buf` (which starts a line) and hold the rest."""
+        if buf.endswith(b"\n\n"):  # vLLM's blocks: whole events, nothing to hold
+            self._event = False
+            return self._ready(buf)
         end = _events_end(buf)
         rest = buf[end:]
         first = _first_data_line(rest)
@@ -236,10 +241,10 @@ class StreamFilter:
     def _ready(self, data: bytes) -> bytes:
         # find() rather than `in`: bytes.__contains__ first tries its argument as an int.
         slow = data.find(_KV_NAME) >= 0 or (data.find(b"\\") >= 0 and data.find(_ESCAPE) >= 0)
-        grouped = len(data) > self.max_line_bytes or _multi_data(data)
-        if not grouped:
-            if not slow and (not self._ids or data.find(_ID_NAME) < 0):
-                return data
+        small = len(data) <= self.max_line_bytes  # else some event may be above the limit
+        if small and not slow and (not self._ids or data.find(_ID_NAME) < 0):
+            return data  # names nothing (an event of several data lines too: as it came)
+        if small and not _multi_data(data):
             out = []
             for x in data.splitlines(keepends=True):
                 out.append(self._line(x, slow))
