@@ -99,6 +99,15 @@ class RouterConfig(Document):
     store: StoreConfig = StoreConfig()
     max_request_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     upstream_timeout_seconds: float = Field(default=600.0, gt=0)
+    header_timeout_seconds: float = Field(default=10.0, gt=0)
+    """A client connection that has not sent a whole request line and headers this long after
+    its first byte is closed (408): a slow sender holds no connection for long."""
+    body_timeout_seconds: float = Field(default=60.0, gt=0)
+    """The whole request body must arrive within this (else 408). 60 s carries maxRequestBytes
+    at ~280 KB/s. Answers are not timed: a stream goes to a slow reader as fast as it reads."""
+    max_connections: int = Field(default=4096, ge=1)
+    """Open client connections above this are refused with 503 at once (file descriptors,
+    memory); each streamed turn holds one, plus its decode connection."""
     health_check_interval_seconds: float = Field(default=5.0, gt=0)
     tokenizer: str | None = None
     """The model directory (tokenizer.json, tokenizer_config.json) the engines serve: reused

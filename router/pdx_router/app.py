@@ -21,6 +21,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from .bounds import CONNECTIONS, Connections
 from .chat_tokens import ChatTokenizer, TextPrefix
 from .config import ConfigError, RouterConfig
 from .discovery import Discovery, Pool
@@ -127,7 +128,9 @@ class Router:
     async def metrics_route(self, _req: web.Request) -> web.Response:
         if (entries := await self._count()) is not None:
             self.metrics.entries.set(entries)
-        body = generate_latest(self.metrics.registry)
+        # In a thread, so a scrape never stalls the streams (prometheus_client takes a lock per
+        # metric and per value: the loop may count meanwhile).
+        body = await asyncio.to_thread(generate_latest, self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def stats(self, _req: web.Request) -> web.Response:
@@ -148,8 +151,13 @@ class Router:
         started = time.perf_counter()
         rid = shapes.request_id(req.headers.get("X-Request-ID"), uuid.uuid4().hex)
         try:
-            raw = await req.read()
+            raw = await asyncio.wait_for(req.read(), self.cfg.body_timeout_seconds)
             body = orjson.loads(raw)
+        except TimeoutError:
+            seconds = self.cfg.body_timeout_seconds
+            slow = _error(408, f"request body not received within bodyTimeoutSeconds ({seconds:g} s)", rid)
+            slow.force_close()  # the rest of the body is unread: the connection carries no next request
+            return slow
         except orjson.JSONDecodeError:
             return _error(400, "request body is not valid JSON", rid)
         if not isinstance(body, dict):
@@ -567,21 +575,28 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def count_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Labelled by the matched route, never the path a client typed (each distinct path would
+    be a series of its own: /metrics would grow without bound)."""
     router: Router = request.app[ROUTER]
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else None
     try:
         resp = await handler(request)
     except web.HTTPException as exc:
-        router.metrics.requests.labels(request.path, str(exc.status)).inc()
+        router.metrics.request(route, exc.status)
         raise
-    router.metrics.requests.labels(request.path, str(resp.status)).inc()
+    router.metrics.request(route, resp.status)
     return resp
 
 
 def build_app(cfg: RouterConfig, store: Store | None = None) -> web.Application:
-    """An aiohttp app; the request-size limit makes aiohttp answer 413 by itself."""
+    """An aiohttp app; the request-size limit makes aiohttp answer 413 by itself. Serve it
+    with bounds.BoundedSite(runner, app[CONNECTIONS], ...) for the connection bounds."""
     router = Router(cfg, store)
-    app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[count_requests])
+    conns = Connections(cfg.header_timeout_seconds, cfg.max_connections, router.metrics)
+    app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[conns.middleware, count_requests])
     app[ROUTER] = router
+    app[CONNECTIONS] = conns
     app.on_startup.append(router.start)
     app.on_cleanup.append(router.stop)
     app.router.add_post("/v1/chat/completions", router.chat)

@@ -17,6 +17,7 @@ from pdx_contract.base import problems
 from pdx_contract.router_config import TenancyConfig
 
 from .app import build_app
+from .bounds import CONNECTIONS, BoundedSite
 from .config import ConfigError, RouterConfig, StoreConfig, load_config, with_overrides
 
 
@@ -44,6 +45,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--engine-api-key-file", help="file with the engines' API key (sent in place of the client's)")
     p.add_argument("--endpoints-file")
     p.add_argument("--tokenizer", help="model directory: tokenize reused chat turns here, not via /tokenize")
+    p.add_argument("--header-timeout", type=float, help="seconds a client has to send a request's headers")
+    p.add_argument("--body-timeout", type=float, help="seconds a client has to send a request's body")
+    p.add_argument("--max-connections", type=int, help="open client connections above this are refused")
     p.add_argument(
         "--log-level",
         default=os.environ.get("PDX_ROUTER_LOG_LEVEL", "INFO"),
@@ -83,14 +87,18 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
         engine_api_key_file=args.engine_api_key_file,
         endpoints_file=args.endpoints_file,
         tokenizer=args.tokenizer,
+        header_timeout_seconds=args.header_timeout,
+        body_timeout_seconds=args.body_timeout,
+        max_connections=args.max_connections,
     )
 
 
 async def serve(cfg: RouterConfig) -> None:
     """Run until cancelled; handler cancellation makes a client disconnect abort upstream."""
-    runner = web.AppRunner(build_app(cfg), handler_cancellation=True, access_log=None)
+    app = build_app(cfg)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=1024)
+    site = BoundedSite(runner, app[CONNECTIONS], cfg.host, cfg.port, backlog=1024)
     await site.start()
     # Everything allocated so far (modules, app, metrics: ~57k objects) lives forever. Left
     # in the collector's view, each full collection walked it all and stalled every stream

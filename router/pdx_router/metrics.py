@@ -13,6 +13,12 @@ from .policy import Outcome
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _GAP_BUCKETS = (1, 5, 10, 30, 60, 120, 240, 300, 450, 480, 600, 1200, 3600)
+# The statuses counted by their own number: the router's own, and the engine 4xx a client is
+# likeliest to see passed on. Any other is counted by its class (4xx, 5xx): a label's values
+# stay few whatever engines or clients do.
+_STATUSES = frozenset({200, 400, 401, 403, 404, 405, 408, 413, 422, 429, 500, 502, 503, 504})
+CLOSE_REASONS = ("max_connections", "header_timeout")
+UNMATCHED = "unmatched"  # the route label of every request no route matched (404, 405)
 
 
 class Metrics:
@@ -75,8 +81,18 @@ class Metrics:
             ["op"],
             registry=r,
         )
+        self.connections_closed = Counter(
+            "pdx_router_connections_closed",
+            "Client connections the router ended: refused above maxConnections, or closed at"
+            " headerTimeoutSeconds without a whole request.",
+            ["reason"],
+            registry=r,
+        )
+        self.open_connections = Gauge("pdx_router_open_connections", "Client connections open.", registry=r)
         for o in REUSE_OUTCOMES:
             self.reuse.labels(o)
+        for reason in CLOSE_REASONS:
+            self.connections_closed.labels(reason)
         self._counts = dict.fromkeys(REUSE_OUTCOMES, 0)
         self._tokenize_mismatches = 0
         self._prompt_ids = {"local": 0, "engine": 0}
@@ -93,6 +109,10 @@ class Metrics:
         if tokens:
             self._reused += tokens
             self.reused_tokens.inc(tokens)
+
+    def request(self, route: str | None, status: int) -> None:
+        """One answered request; route is the matched route's path, None if none matched."""
+        self.requests.labels(route or UNMATCHED, status_label(status)).inc()
 
     def prompt_ids_from(self, source: str) -> None:
         """A reuse candidate's prompt ids came from `local` (the router's tokenizer) or `engine`."""
@@ -123,6 +143,12 @@ class Metrics:
             ),
             router_tokenizer=router_tokenizer,
         )
+
+
+def status_label(status: int) -> str:
+    if status in _STATUSES:
+        return str(status)
+    return f"{status // 100}xx" if 100 <= status < 600 else "other"
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:

@@ -26,6 +26,8 @@ _ESCAPE = b"\\u"
 _PROMPT = b'"prompt_'
 _INT_LIST = b"0123456789,[]"  # what a compact list of ints is made of
 _MISSING: Any = object()
+_BLANK = (b"\n\n", b"\n\r", b"\r\r")  # a line end, then an empty line: an SSE event ends
+_EOLS = (b"\n", b"\r\n", b"\r")  # an empty line, as splitlines() gives it
 # The most of one engine answer the router holds in memory: a non-streamed answer, or one
 # line of a stream (a prefill answer is one token; a long decode answer with logprobs is a
 # few MB). Above it the answer is malformed: the turn fails with 502, nothing is stored.
@@ -115,6 +117,59 @@ def _eol(line: bytes) -> bytes:
     return line[len(line.rstrip(b"\r\n")) :]
 
 
+def _data_value(line: bytes) -> bytes:
+    """A data line's value as SSE reads it: after `data:` and one optional space."""
+    value = line[5:].rstrip(b"\r\n")
+    return value[1:] if value[:1] == b" " else value
+
+
+def _events_end(buf: bytes) -> int:
+    """Where the last whole event of buf ends (after the empty line that ends it), or 0."""
+    i = buf.rfind(b"\n")
+    if i > 0 and buf[i - 1] != 0x0A:
+        i = buf.rfind(b"\n\n", 0, i)
+    else:
+        i -= 1
+    end = i + 2 if i >= 0 else 0
+    start = max(end - 1, 0)
+    if buf.find(b"\r", start) >= 0:  # an empty line that ends in CR (CR or CRLF line ends)
+        for blank in (b"\n\r", b"\r\r"):
+            j = buf.rfind(blank, start)
+            if j >= 0 and j + 2 > end:
+                end = j + 3 if buf[j + 2 : j + 3] == b"\n" else j + 2
+    return end
+
+
+def _first_data_line(buf: bytes) -> int:
+    """Where the first line of buf that is a data line starts, or -1 (buf holds no empty
+    line, so its lines are few or long: the search goes from line end to line end)."""
+    if buf.find(b"\r") >= 0:
+        found = [i + 1 for i in (buf.find(b"\ndata:"), buf.find(b"\rdata:")) if i >= 0]
+        return 0 if buf.startswith(b"data:") else min(found) if found else -1
+    i = 0
+    while i >= 0:
+        if buf.startswith(b"data:", i):
+            return i
+        i = buf.find(b"\n", i) + 1 or -1
+    return -1
+
+
+def _multi_data(block: bytes) -> bool:
+    """Does a line of block that is not empty run on into a data line (so one event may have
+    several data lines)? A step per line: vLLM's events are a data line and an empty one."""
+    if block.find(b"\r") >= 0:
+        return True  # CR line ends: go event by event, which reads them all
+    if len(block) <= 1 << 16 and block.count(b"\n") == 2 * block.count(b"\n\n"):
+        return False  # every run of line ends is even: each line is followed by an empty one
+    i = block.find(b"\n")
+    while 0 <= i < len(block) - 1:
+        nxt = block.find(b"\n", i + 1)
+        if nxt != i + 1 and block.startswith(b"data:", i + 1) and i > 0 and block[i - 1] != 0x0A:
+            return True
+        i = nxt
+    return False
+
+
 class StreamFilter:
     """Rewrites decode's SSE lines for the client and captures token ids and kv params.
 
@@ -135,56 +190,147 @@ class StreamFilter:
         self.stop_at_drop = False  # the relay ends the stream at a dropped line: nothing after it
         self.max_line_bytes = MAX_ANSWER_BYTES
         self._ids = capture or strip_ids
-        self._tail = b""
+        self._held: list[bytes] = []  # what waits for the next block (see feed)
+        self._held_len = 0
+        self._event = False  # what is held starts at a data line of an event under way
 
     def feed(self, data: bytes) -> bytes:
         """Filter whatever block the socket delivered, so the relay writes once per block
-        rather than once per SSE line; an unterminated last line waits for the next block."""
-        if self.oversized:
+        rather than once per SSE line. An unfinished line, or an event not yet ended by its
+        empty line from its first data line on, waits for the next block: kept as the blocks
+        came and joined once, when it is whole, so a long event costs time linear in its size."""
+        if self.oversized or not data:
             return b""  # the relay ends the stream
-        if self._tail:
-            data, self._tail = self._tail + data, b""
-        end = data.rfind(b"\n") + 1
-        if end < len(data):
-            cr = data.rfind(b"\r", end) + 1  # a line may end in a lone CR too
-            if cr > end:
-                end = cr
-            self._tail = data[end:]
-            data = data[:end]
-            if len(self._tail) > self.max_line_bytes:
-                self._tail = b""
-                self.oversized = True
-                self.dropped += 1
-                self._break()
+        if self._held:
+            if not self._completes(self._held[-1][-1:], data):
+                self._held.append(data)
+                self._held_len += len(data)
+                if self._held_len > self.max_line_bytes:
+                    self._oversize()
+                return b""
+            data = b"".join([*self._held, data])
+            self._held, self._held_len = [], 0
+        return self._take(data)
+
+    def _completes(self, last: bytes, data: bytes) -> bool:
+        """Does `data` finish what is held: the event (an empty line), or else the line?"""
+        lf, cr = data.find(b"\n"), data.find(b"\r")  # one-byte searches: the fastest there are
+        if not self._event or (lf < 0 and cr < 0):
+            return lf >= 0 or cr >= 0
+        return last + data[:1] in _BLANK or any(data.find(b, max(min(lf, cr), 0)) >= 0 for b in _BLANK)
+
+    def _take(self, buf: bytes) -> bytes:
+        """Relay the whole events of `buf` (which starts a line) and hold the rest."""
+        if buf.endswith(b"\n\n"):  # vLLM's blocks: whole events, nothing to hold
+            self._event = False
+            return self._ready(buf)
+        end = _events_end(buf)
+        rest = buf[end:]
+        first = _first_data_line(rest)
+        if first >= 0:  # an event under way: held from its first data line
+            cut, self._event = end + first, True
+        else:  # leading field lines go now; an unfinished line waits
+            cut, self._event = end + max(rest.rfind(b"\n"), rest.rfind(b"\r")) + 1, False
+        out = self._ready(buf[:cut]) if cut else b""
+        if cut < len(buf) and not self.oversized and not (self.dropped and self.stop_at_drop):
+            self._held, self._held_len = [buf[cut:]], len(buf) - cut
+            if self._held_len > self.max_line_bytes:
+                self._oversize()
+        return out
+
+    def _ready(self, data: bytes) -> bytes:
         # find() rather than `in`: bytes.__contains__ first tries its argument as an int.
         slow = data.find(_KV_NAME) >= 0 or (data.find(b"\\") >= 0 and data.find(_ESCAPE) >= 0)
-        if not slow and (not self._ids or data.find(_ID_NAME) < 0):
-            return data
-        if not self.stop_at_drop:
-            return b"".join([self._line(x, slow) for x in data.splitlines(keepends=True)])
-        out = []
+        small = len(data) <= self.max_line_bytes  # else some event may be above the limit
+        if small and not slow and (not self._ids or data.find(_ID_NAME) < 0):
+            return data  # names nothing (an event of several data lines too: as it came)
+        if small and not _multi_data(data):
+            out = []
+            for x in data.splitlines(keepends=True):
+                out.append(self._line(x, slow))
+                if self.dropped and self.stop_at_drop:
+                    break
+            return b"".join(out)
+        # Some event has several data lines, or may be above the limit: event by event.
+        out, event, size = [], [], 0
         for x in data.splitlines(keepends=True):
+            event.append(x)
+            size += len(x)
+            if x in _EOLS:
+                out.append(self._event_out(event, size, slow))
+                event, size = [], 0
+                if self.oversized or (self.dropped and self.stop_at_drop):
+                    return b"".join(out)
+        if event:
+            out.append(self._event_out(event, size, slow))
+        return b"".join(out)
+
+    def _event_out(self, lines: list[bytes], size: int, slow: bool) -> bytes:
+        if size > self.max_line_bytes:
+            self._oversize()
+            return b""
+        if len(lines) > 2 and sum(x.startswith(b"data:") for x in lines) > 1:
+            return self._joined(lines, check=False)
+        out = []
+        for x in lines:
             out.append(self._line(x, slow))
-            if self.dropped:
-                self._tail = b""
+            if self.dropped and self.stop_at_drop:
                 break
         return b"".join(out)
 
+    def _joined(self, lines: list[bytes], check: bool) -> bytes:
+        """An event whose data is split over several data: lines, which SSE joins with "\\n"
+        (valid JSON may break a line wherever whitespace may be). If it names a field it is
+        parsed whole and relayed as one compact data line."""
+        raw = b"".join(lines)
+        names = raw.find(_KV_NAME) >= 0 or raw.find(_ESCAPE) >= 0 or (self._ids and raw.find(_ID_NAME) >= 0)
+        if not names and not check:
+            return raw
+        value = b"\n".join(_data_value(x) for x in lines if x.startswith(b"data:"))
+        try:
+            chunk = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            chunk = None
+        if not isinstance(chunk, dict):
+            if not names and value.strip() == b"[DONE]":
+                return raw
+            self._break()
+            self.dropped += 1
+            return b""
+        if not self._strip(chunk):
+            return raw
+        first = next(i for i, x in enumerate(lines) if x.startswith(b"data:"))
+        one = b"data: " + orjson.dumps(chunk) + (_eol(lines[first]) or b"\n")
+        return b"".join([*lines[:first], one, *(x for x in lines[first:] if not x.startswith(b"data:"))])
+
+    def _oversize(self) -> None:
+        self.oversized = True
+        self.dropped += 1
+        self._break()
+        self._held, self._held_len = [], 0
+
     def flush(self) -> bytes:
-        """The stream ended: filter an unterminated last line, or drop it if it is cut short
-        JSON (then the turn is incomplete and must not be stored)."""
-        tail, self._tail = self._tail, b""
+        """The stream ended: filter what is held, or drop a data line that is cut short JSON
+        (then the turn is incomplete and must not be stored)."""
+        tail = b"".join(self._held)
+        self._held, self._held_len = [], 0
         if not tail or self.oversized:
             return b""
-        start = _json_start(tail)
-        if start >= 0:  # a data line without its line end: whole JSON, or cut short
-            try:
-                orjson.loads(tail[start:])
-            except orjson.JSONDecodeError:
-                self._break()
-                self.dropped += 1
-                return b""
-        return self._line(tail, True)
+        lines = tail.splitlines(keepends=True)
+        if sum(x.startswith(b"data:") for x in lines) > 1:
+            return self._joined(lines, check=True)
+        out = []
+        for x in lines:
+            start = _json_start(x)
+            if start >= 0:  # a data line of an event without its empty line: whole JSON, or cut short
+                try:
+                    orjson.loads(x[start:])
+                except orjson.JSONDecodeError:
+                    self._break()
+                    self.dropped += 1
+                    continue
+            out.append(self._line(x, True))
+        return b"".join(out)
 
     def line(self, line: bytes) -> bytes:
         """One SSE line (with its line end)."""
@@ -294,6 +440,12 @@ class StreamFilter:
             self._break()  # a data line names a field, but is not an object
             self.dropped += 1
             return b""
+        if not self._strip(chunk):
+            return line
+        return line[:start] + orjson.dumps(chunk) + _eol(line)
+
+    def _strip(self, chunk: dict[str, Any]) -> bool:
+        """Capture and (as asked) take out the fields of one parsed event; True if any was there."""
         changed = False
         kv = chunk.pop("kv_transfer_params", _MISSING)
         if kv is not _MISSING:
@@ -323,9 +475,7 @@ class StreamFilter:
                     elif prompt is None:
                         prompt = ids
             self._capture(prompt, outs)
-        if not changed:
-            return line
-        return line[:start] + orjson.dumps(chunk) + _eol(line)
+        return changed
 
 
 def filter_response(data: dict[str, Any], capture: bool, strip_ids: bool) -> Captured:
