@@ -33,6 +33,7 @@ CHILDREN: tuple[Kind, ...] = (
     Kind("apps/v1", "Deployment", "deployments", watched=True),
     Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
     Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+    Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
 )
 RESOURCE = Kind(API_VERSION, KIND, PLURAL)
 POD = Kind("v1", "Pod", "pods")  # read for readiness and the endpoints file

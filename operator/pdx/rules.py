@@ -252,6 +252,17 @@ RULES: tuple[Rule, ...] = (
             "raise it, lower router.store.maxBytes, or leave router.resources.memory unset to derive it"
         ),
     ),
+    *(
+        Rule(
+            field=f"{role}.autoscaling.maxReplicas",
+            expression=(
+                f"!has(self.{role}.autoscaling) || "
+                f"self.{role}.autoscaling.minReplicas <= self.{role}.autoscaling.maxReplicas"
+            ),
+            message=f"{role}.autoscaling.maxReplicas must be at least minReplicas: raise it, or lower minReplicas",
+        )
+        for role in ("prefill", "decode")
+    ),
     Rule(
         field="router.replicas",
         expression="self.router.replicas <= 1 || self.router.store.kind == 'redis'",

@@ -158,11 +158,33 @@ class Probes(_Spec):
     """Consecutive failures before the pod is unready (readiness) or restarted (liveness)."""
 
 
+class AutoscalingSpec(_Spec):
+    """A HorizontalPodAutoscaler for one role, on a per-pod metric the engines export (served to
+    the HPA by a metrics adapter, e.g. prometheus-adapter; see docs/operator.md)."""
+
+    min_replicas: int = Field(default=1, ge=1)
+    """Fewest engine pods."""
+    max_replicas: int = Field(ge=1)
+    """Most engine pods."""
+    metric: str | None = Field(default=None, min_length=1)
+    """The per-pod metric's name as the adapter serves it; unset: `vllm_num_requests_waiting`
+    for prefill (its queue) and `vllm_kv_cache_usage_perc` for decode (KV in use, the KV held
+    for reuse included)."""
+    target: Quantity | None = None
+    """The metric's per-pod average to hold; unset: 2 waiting requests for prefill, 0.7 of the
+    KV cache for decode."""
+    scale_down_period_seconds: int = Field(default=120, ge=15)
+    """At most one pod removed per period: a decode drains (its conversations move) before the
+    next goes."""
+
+
 class RoleSpec(_Spec):
     """One engine fleet: prefill or decode (same shape)."""
 
     replicas: int = Field(default=1, ge=0)
-    """Engine pods of this role (xPyD)."""
+    """Engine pods of this role (xPyD); with `autoscaling`, the autoscaler sets them instead."""
+    autoscaling: AutoscalingSpec | None = None
+    """Scale this role with a HorizontalPodAutoscaler; unset: `replicas` pods."""
     tensor_parallel_size: int = Field(default=1, ge=1)
     """--tensor-parallel-size; must fit the node's GPUs."""
     resources: Resources = Field(default_factory=Resources)

@@ -47,6 +47,10 @@ def _cel(field: str, message: str) -> Row:
     return Row(f"spec.{field}: {message}", (f"spec.{field}", f"Invalid value: {message}"))
 
 
+_TENANCY = (
+    "router.tenancy.header names the header of identity 'header', and only of it: set both "
+    "(e.g. identity: header, header: X-Tenant), or neither"
+)
 LONG_NAME = "qwen3-32b-disaggregated-bidirectional-t48"  # 41 characters
 _TP = "exceeds the GPUs of one node of placement.instanceType: lower it, or pick an instance type (or placement.gpusPerNode) with enough GPUs"  # noqa: E501
 _TOKENIZER = (
@@ -139,6 +143,30 @@ TABLE: dict[str, Row] = {
     "unknown tokenizer side": Row(
         "spec.router.tokenizer: Input should be 'engine' or 'router' (got 'client')",
         ("spec.router.tokenizer", 'Unsupported value: "client": supported values: "engine", "router"'),
+        WORDING,
+    ),
+    "gateway identity without its header": _cel("router.tenancy.header", _TENANCY),
+    "a tenant header without its identity": _cel("router.tenancy.header", _TENANCY),
+    "the deprecated tenantHeader beside tenancy": _cel(
+        "router.tenantHeader",
+        "router.tenantHeader is the deprecated form of router.tenancy: remove it and set "
+        "tenancy.identity: header, tenancy.header: <the header>",
+    ),
+    "unknown tenant identity": Row(
+        "spec.router.tenancy.identity: Input should be 'apiKey', 'header' or 'single' (got 'ip')",
+        ("spec.router.tenancy.identity", 'Unsupported value: "ip": supported values: "apiKey", "header", "single"'),
+        WORDING,
+    ),
+    "engine key Secret without a name": Row(
+        "spec.engineApiKeySecret.name: Field required", ("spec.engineApiKeySecret.name", "Required value"), WORDING
+    ),
+    "autoscaling with a max below its min": _cel(
+        "decode.autoscaling.maxReplicas",
+        "decode.autoscaling.maxReplicas must be at least minReplicas: raise it, or lower minReplicas",
+    ),
+    "autoscaling without a max": Row(
+        "spec.prefill.autoscaling.maxReplicas: Field required",
+        ("spec.prefill.autoscaling.maxReplicas", "Required value"),
         WORDING,
     ),
     # tests/render/test_cli_and_golden.py

@@ -39,6 +39,7 @@ SVC = kmock.resource("", "v1", "services")
 PODS = kmock.resource("", "v1", "pods")
 NETPOL = kmock.resource("networking.k8s.io", "v1", "networkpolicies")
 PDB = kmock.resource("policy", "v1", "poddisruptionbudgets")
+HPA = kmock.resource("autoscaling", "v2", "horizontalpodautoscalers")
 EVENTS = kmock.resource("", "v1", "events")
 NAMESPACES = kmock.resource("", "v1", "namespaces")
 CRDS = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
@@ -49,6 +50,7 @@ CHILD_RESOURCES = {
     "Service": SVC,
     "NetworkPolicy": NETPOL,
     "PodDisruptionBudget": PDB,
+    "HorizontalPodAutoscaler": HPA,
 }
 WRITES = ("POST", "PATCH", "PUT", "DELETE")
 

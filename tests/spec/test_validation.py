@@ -94,6 +94,12 @@ INVALID = [
     ),
     ("unknown tenant identity", {"router.tenancy": {"identity": "ip"}}, "spec.router.tenancy.identity"),
     ("engine key Secret without a name", {"engineApiKeySecret": {"key": "k"}}, "spec.engineApiKeySecret.name"),
+    (
+        "autoscaling with a max below its min",
+        {"decode.autoscaling": {"minReplicas": 3, "maxReplicas": 2}},
+        "spec.decode.autoscaling.maxReplicas",
+    ),
+    ("autoscaling without a max", {"prefill.autoscaling": {"minReplicas": 1}}, "spec.prefill.autoscaling.maxReplicas"),
 ]
 
 
@@ -118,6 +124,7 @@ VALID = [
     ("the deprecated tenantHeader alone", {"router.tenantHeader": "X-Tenant"}),
     ("one trusted client reading reuse facts", {"router.tenancy": {"identity": "single"}, "router.reuseHeaders": True}),
     ("engines behind an API key", {"engineApiKeySecret": {"name": "engine-key"}}),
+    ("decode autoscaled on its KV", {"decode.autoscaling": {"maxReplicas": 4, "target": "600m"}}),
     ("xPyD with TP ratio 2", {"prefill.tensorParallelSize": 8, "decode.tensorParallelSize": 4}),
     ("router TTL at the limit", {"kvTransfer.decoderKvBlocksTtlSeconds": 100, "router.conversationTtlSeconds": 95}),
     ("the shortest lease", {"kvTransfer.kvLeaseDurationSeconds": 6}),

@@ -130,11 +130,11 @@ class Kube:
             item.setdefault("kind", kind)
         return [i for i in items if _matches(i, labels)]
 
-    def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+    def apply(self, obj: Mapping[str, Any], field_manager: str | None = None) -> dict[str, Any]:
         """Server-side apply; force takes fields back from whoever hand-edited them (drift)."""
         meta = obj["metadata"]
         path = path_of(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-        query = [("fieldManager", self.field_manager), ("force", "true")]
+        query = [("fieldManager", field_manager or self.field_manager), ("force", "true")]
         out: dict[str, Any] = self.call("PATCH", path, query=query, body=dict(obj), content_type=APPLY)
         return out
 

@@ -25,7 +25,7 @@ from pdx.controller import advice, rollout, status
 from pdx.controller.kube import ApiError, Kube
 from pdx.controller.rollout import PodView
 from pdx.render import config_hash, render
-from pdx.render.meta import canonical_hash, router_name
+from pdx.render.meta import ROLES, canonical_hash, router_name
 from pdx.render.router import ENDPOINTS_FILE
 from pdx.resource import SpecError, Target, load
 from pdx.spec import DisaggregatedInferenceSpec, DisaggregatedInferenceStatus
@@ -97,6 +97,37 @@ def needs_apply(desired: Mapping[str, Any], live: Mapping[str, Any] | None) -> s
     if not subset(desired, live):
         return "repaired"
     return None
+
+
+# Holds an autoscaled StatefulSet's replica count while its autoscaler takes over (see below).
+HANDOVER_MANAGER = "pdx-replicas-handover"
+
+
+def replicas_handover(
+    desired: Mapping[str, Any], live: Mapping[str, Any] | None, manager: str
+) -> dict[str, Any] | None:
+    """The apply that keeps a StatefulSet's pods when its role turns autoscaled, or None.
+
+    The operator's apply then stops setting `replicas`; server-side apply would remove a field
+    its manager owned and no longer sends, and the set would fall to one pod (a decode's KV with
+    it) before the autoscaler acts. Applying the live count first under another manager moves
+    the field's ownership there, so dropping it from the operator's apply changes nothing.
+    """
+    if desired.get("kind") != "StatefulSet" or "replicas" in desired.get("spec", {}) or live is None:
+        return None
+    owned = any(
+        m.get("manager") == manager and "f:replicas" in ((m.get("fieldsV1") or {}).get("f:spec") or {})
+        for m in (live.get("metadata") or {}).get("managedFields") or []
+    )
+    if not owned or "replicas" not in (live.get("spec") or {}):
+        return None
+    meta = desired["metadata"]
+    return {
+        "apiVersion": desired["apiVersion"],
+        "kind": desired["kind"],
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "spec": {"replicas": live["spec"]["replicas"]},
+    }
 
 
 def pod_view(pod: Mapping[str, Any]) -> PodView:
@@ -234,6 +265,7 @@ def reconcile(
 
     published: str | None = None
     if target is not None:
+        autoscaled = {r for r in ROLES if target.spec.role(r).autoscaling is not None}
         target_hash = config_hash(target)
         published, endpoints = rollout.endpoints(pods, target_hash)
         desired_objs = [stamp(o) for o in render(target, endpoints)]
@@ -250,6 +282,8 @@ def reconcile(
                 why = needs_apply(obj, children.get(_key(obj)))
                 if why is None:
                     continue
+                if (held := replicas_handover(obj, children.get(_key(obj)), kube.field_manager)) is not None:
+                    kube.apply(held, field_manager=HANDOVER_MANAGER)
                 answer = kube.apply(obj)
                 version = ((answer or {}).get("metadata") or {}).get("resourceVersion")
                 if version:
@@ -277,9 +311,10 @@ def reconcile(
         observed = status.Observation(
             generation=meta.get("generation"),
             config_hash=target_hash,
+            # An autoscaled role wants what its autoscaler last set on the StatefulSet.
             desired={
-                "prefill": target.spec.prefill.replicas,
-                "decode": target.spec.decode.replicas,
+                **{r: target.spec.role(r).replicas for r in ROLES},
+                **{r: n for r, n in _desired_from_live(children).items() if r in autoscaled},
                 "router": target.spec.router.replicas,
             },
             pods=pods,

@@ -262,13 +262,15 @@ def engine_pod_spec(target: Target, role: Role) -> dict[str, Any]:
 def engine_statefulset(target: Target, role: Role, config_hash: str) -> dict[str, Any]:
     name = meta.engine_name(target, role)
     pod_labels = {**meta.labels(target, role), labels.CONFIG_HASH: config_hash}
+    # An autoscaled role's replicas belong to its autoscaler: not rendered, so never applied.
+    replicas = {} if target.spec.role(role).autoscaling else {"replicas": target.spec.role(role).replicas}
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
         "metadata": meta.metadata(target, name, role, annotations={labels.CONFIG_HASH: config_hash}),
         "spec": {
             "serviceName": name,
-            "replicas": target.spec.role(role).replicas,
+            **replicas,
             # Engines are independent: start and replace them all at once, not one by one.
             "podManagementPolicy": "Parallel",
             "updateStrategy": {"type": "RollingUpdate"},

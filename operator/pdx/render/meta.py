@@ -25,14 +25,16 @@ def canonical_hash(value: Any, length: int = 10) -> str:
 def config_hash(target: Target) -> str:
     """The engine config generation: everything both roles must agree on, minus scale.
 
-    Replica counts, the router and the network peers are left out, so scaling does not roll the engines, while
-    a changed TTL, threshold or bidirectional switch rolls both roles to one new generation.
+    Replica counts, autoscaling, the router and the network peers are left out, so scaling does
+    not roll the engines, while a changed TTL, threshold or bidirectional switch rolls both roles
+    to one new generation.
     """
     doc = target.spec.model_dump(by_alias=True, exclude_none=True, mode="json")
     doc.pop("router", None)
     doc.pop("network", None)  # NetworkPolicies only: the pods stay as they are
     for role in ROLES:
         doc[role].pop("replicas", None)
+        doc[role].pop("autoscaling", None)  # scale, too
     return canonical_hash(doc)
 
 
