@@ -238,6 +238,12 @@ def second_router(topo: LocalTopology, *flags: str) -> Iterator[str]:
         proc.wait(timeout=20)
 
 
+def router_stats(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}/v1/pdx/stats", timeout=10) as resp:
+        doc: dict[str, Any] = json.loads(resp.read())
+    return doc
+
+
 def engine_id(topo: LocalTopology, name: str) -> str:
     argv = next(p for p in topo.processes if p.name == name).argv
     return str(json.loads(argv[argv.index("--kv-transfer-config") + 1])["engine_id"])
@@ -299,10 +305,7 @@ def on(off: Run, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnRun]:
 
         run = run_all(topo, before_turn, blind_reuse, {"prefill_killed": long_lived})
         transfers[("prefill_killed", 3)] = metric(topo.engine_urls["prefill"][0], NIXL_XFERS)
-        stats, prefill_router_stats = (
-            json.loads(urllib.request.urlopen(f"{url}/v1/pdx/stats", timeout=10).read())
-            for url in (topo.router_url, long_lived)
-        )
+        stats, prefill_router_stats = router_stats(topo.router_url), router_stats(long_lived)
         yield OnRun(
             run.answers,
             run.transfers,
