@@ -48,13 +48,18 @@ def chat(url: str, messages: list[dict[str, str]], conversation: str | None, max
     start = time.perf_counter()
     ttft = 0.0
     text, logprobs, tokens, prompt_tokens = [], [], [], 0
+    done = False
     with urllib.request.urlopen(req, timeout=900) as resp:
         got = {k.lower(): v for k, v in resp.headers.items()}
         for raw in resp:
             line = raw.decode().strip()
+            done = done or line == "data: [DONE]"
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
+            # A turn that fails after the status line ends with an error event and no [DONE]:
+            # a failed turn, not an empty answer.
+            assert "error" not in chunk, f"the turn failed: {chunk['error']}"
             assert "kv_transfer_params" not in chunk, "router leaked engine internals"
             if chunk.get("usage"):
                 prompt_tokens = chunk["usage"]["prompt_tokens"]
@@ -67,6 +72,7 @@ def chat(url: str, messages: list[dict[str, str]], conversation: str | None, max
                 for lp in (choice.get("logprobs") or {}).get("content") or []:
                     logprobs.append(lp["logprob"])
                     tokens.append(lp["token"])
+    assert done, "the stream ended without [DONE]"
     return Answer("".join(text), logprobs, tokens, ttft, got, prompt_tokens)
 
 

@@ -8,10 +8,15 @@ bidirectional off (the reference), then with it on.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import os
+import signal
 import statistics
+import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,13 +25,14 @@ from typing import Any
 import pytest
 
 from pdx.local import default_document
-from pdx.local.topology import LocalTopology
+from pdx.local.topology import LocalTopology, free_port
 from tests.e2e.chat import Answer, chat, metric, raw_turn
 
 pytest.importorskip("vllm", reason="needs the engine extra (scripts/setup.sh)")
 pytestmark = [pytest.mark.engines, pytest.mark.timeout(1800)]
 
 ROUTER_TTL = 20  # seconds: short, so that expiry can be waited out in a test
+LONG_TTL = 300  # seconds: the router that sees an engine restart must keep its entries that long
 NIXL_XFERS = "vllm:nixl_xfer_time_seconds_count"
 
 WORDS = [
@@ -149,8 +155,19 @@ SCENARIOS: dict[str, list[Any]] = {
     ],
     # The next turn after the router's deadline.
     "expired": [lambda a: [SYSTEM, user(51)], lambda a: [SYSTEM, user(51), asst(a[0]), user(52)]],
+    # The prefill dies between turns and its pod is made again (a new NIXL engine id); decode
+    # still holds the conversation's blocks.
+    "prefill_killed": [
+        lambda a: [SYSTEM, user(81)],
+        lambda a: [SYSTEM, user(81), asst(a[0]), user(82)],
+        lambda a: [SYSTEM, user(81), asst(a[0]), user(82), asst(a[1]), user(83)],
+    ],
     # The decode holding the KV dies between turns (and comes back, as its pod would).
-    "decode_killed": [lambda a: [SYSTEM, user(61)], lambda a: [SYSTEM, user(61), asst(a[0]), user(62)]],
+    "decode_killed": [
+        lambda a: [SYSTEM, user(61)],
+        lambda a: [SYSTEM, user(61), asst(a[0]), user(62)],
+        lambda a: [SYSTEM, user(61), asst(a[0]), user(62), asst(a[1]), user(63)],
+    ],
     # Turn 1 as in "edited", for the blind-reuse probe (its own conversation by hand).
     "blind": edited(71, "seventy-one"),
 }
@@ -165,23 +182,71 @@ def long_conversation(k: int) -> list[Any]:
     ]
 
 
-def run_all(topo: LocalTopology, before_turn: Any = None, between: Any = None) -> Run:
-    """Every scenario, the long conversations, `between` (if any), then the decode-kill one last.
+# Scenarios that restart an engine: last, in this order, because the others must not see it.
+RESTARTS = ("prefill_killed", "decode_killed")
 
-    The kill goes last because it restarts the decode, which the other scenarios must not see.
+
+def run_all(
+    topo: LocalTopology, before_turn: Any = None, between: Any = None, routers: dict[str, str] | None = None
+) -> Run:
+    """Every scenario, the long conversations, `between` (if any), then the engine restarts.
+
+    `routers` sends a scenario to another router than the topology's (by name).
     """
     chat(topo.router_url, [user(0)], conversation=None)  # warm up: NIXL handshake, first compile
     transfers0 = metric(topo.engine_urls["prefill"][0], NIXL_XFERS)
     # "blind" goes through the router as the reference run; with `between`, it is done by hand.
-    order = [n for n in SCENARIOS if n != "decode_killed" and not (between and n == "blind")]
+    order = [n for n in SCENARIOS if n not in RESTARTS and not (between and n == "blind")]
     answers = {name: converse(topo.router_url, name, SCENARIOS[name], before_turn) for name in order}
     for k in range(3):
         answers[f"long{k}"] = converse(topo.router_url, f"long{k}", long_conversation(k))
     transfers = metric(topo.engine_urls["prefill"][0], NIXL_XFERS) - transfers0
     if between:
         between()
-    answers["decode_killed"] = converse(topo.router_url, "decode_killed", SCENARIOS["decode_killed"], before_turn)
+    for name in RESTARTS:
+        answers[name] = converse((routers or {}).get(name, topo.router_url), name, SCENARIOS[name], before_turn)
     return Run(answers, transfers)
+
+
+@contextlib.contextmanager
+def second_router(topo: LocalTopology, *flags: str) -> Iterator[str]:
+    """The topology's router as a second process (its rendered config, these flags on top)."""
+    rendered = topo.by_role("router")[0]
+    port = free_port()
+    argv = [*rendered.argv, "--port", str(port), *flags]
+    with open(topo.log_path("router-second"), "ab") as log:
+        proc = subprocess.Popen(
+            argv, env={**os.environ, **rendered.env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, topo.log_tail("router-second")
+            try:
+                with urllib.request.urlopen(f"{url}/ready", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            assert time.monotonic() < deadline, "the second router did not become ready"
+            time.sleep(0.2)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+
+
+def router_stats(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}/v1/pdx/stats", timeout=10) as resp:
+        doc: dict[str, Any] = json.loads(resp.read())
+    return doc
+
+
+def engine_id(topo: LocalTopology, name: str) -> str:
+    argv = next(p for p in topo.processes if p.name == name).argv
+    return str(json.loads(argv[argv.index("--kv-transfer-config") + 1])["engine_id"])
 
 
 @pytest.fixture(scope="module")
@@ -194,6 +259,8 @@ def off(tmp_path_factory: pytest.TempPathFactory) -> Run:
 class OnRun(Run):
     router_stats: dict[str, Any] | None = None
     killed: str = ""
+    prefill_ids: tuple[str, str] = ("", "")  # the killed prefill's NIXL engine id, its successor's
+    prefill_router_stats: dict[str, Any] | None = None
     transfers_by_turn: dict[tuple[str, int], float] | None = None
     blind: tuple[Answer, Answer] | None = None  # (turn 1, blind turn 2) by hand
 
@@ -201,21 +268,31 @@ class OnRun(Run):
 @pytest.fixture(scope="module")
 def on(off: Run, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnRun]:
     topo = LocalTopology(document(bidirectional=True), state_dir=tmp_path_factory.mktemp("on"))
-    with topo:
-        state: dict[str, Any] = {"killed": ""}
+    # A prefill restart outlasts ROUTER_TTL: its scenario goes through a router whose entries live
+    # longer, so that the turn after the restart finds decode's blocks still live.
+    with topo, second_router(topo, "--conversation-ttl", str(LONG_TTL)) as long_lived:
+        state: dict[str, Any] = {"killed": "", "prefill_ids": ("", "")}
         transfers: dict[tuple[str, int], float] = {}
 
         def before_turn(name: str, i: int) -> None:
             transfers[(name, i)] = metric(topo.engine_urls["prefill"][0], NIXL_XFERS)
             if name == "expired" and i == 1:
                 time.sleep(ROUTER_TTL + 2)
+            if name == "prefill_killed" and i == 1:
+                # Prefill ends like a lost node and its pod is made again: a new engine id.
+                # Decode still holds turn 0's blocks, and the router's entry is live.
+                pod = topo.by_role("prefill")[0].name
+                before = engine_id(topo, pod)
+                topo.kill(pod)
+                topo.recreate(pod)
+                state["prefill_ids"] = (before, engine_id(topo, pod))
             if name == "decode_killed" and i == 1:
                 # The decode that served turn 0 holds the entry: end it like a lost node, then
-                # let it come back as Kubernetes would restart it. Its KV is gone.
+                # let its pod come back as Kubernetes would make it again. Its KV is gone.
                 holder = topo.by_role("decode")[0].name
                 topo.kill(holder)
                 state["killed"] = holder
-                topo.restart(holder)
+                topo.recreate(holder)
 
         blind: list[tuple[Answer, Answer]] = []
 
@@ -226,10 +303,19 @@ def on(off: Run, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnRun]:
             second, _ = raw_turn(prefill, decode, SCENARIOS["blind"][1]([first]), held)
             blind.append((first, second))
 
-        run = run_all(topo, before_turn, blind_reuse)
-        with urllib.request.urlopen(f"{topo.router_url}/v1/pdx/stats", timeout=10) as resp:
-            stats = json.loads(resp.read())
-        yield OnRun(run.answers, run.transfers, stats, state["killed"], transfers, blind[0])
+        run = run_all(topo, before_turn, blind_reuse, {"prefill_killed": long_lived})
+        transfers[("prefill_killed", 3)] = metric(topo.engine_urls["prefill"][0], NIXL_XFERS)
+        stats, prefill_router_stats = router_stats(topo.router_url), router_stats(long_lived)
+        yield OnRun(
+            run.answers,
+            run.transfers,
+            stats,
+            state["killed"],
+            state["prefill_ids"],
+            prefill_router_stats,
+            transfers,
+            blind[0],
+        )
 
 
 def test_later_turns_pull_kv_from_decode_instead_of_recomputing(on: OnRun) -> None:
@@ -286,6 +372,28 @@ def test_killing_the_decode_between_turns_still_answers_the_next_turn(off: Run, 
     answer = on.answers["decode_killed"][1]
     assert answer.reused_tokens == 0
     assert answer.tokens == off.answers["decode_killed"][1].tokens
+    after = on.answers["decode_killed"][2]  # reuse resumes on the new decode
+    assert after.reuse == "hit" and after.reused_tokens > 0, (after.reuse, after.reused_tokens)
+    assert after.tokens == off.answers["decode_killed"][2].tokens
+
+
+def test_a_prefill_made_again_between_turns_reads_the_kv_decode_still_holds(off: Run, on: OnRun) -> None:
+    before, after = on.prefill_ids
+    assert before and after and before != after, on.prefill_ids
+    first, next_turn, last = on.answers["prefill_killed"]
+    assert first.reuse == "miss"
+    # The new prefill reads all that decode held of turn 0 (it handshakes with decode afresh).
+    assert next_turn.reuse == "hit", next_turn.reuse
+    assert next_turn.reused_tokens == first.prompt_tokens + len(first.logprobs) - 1
+    by_turn = on.transfers_by_turn or {}
+    assert by_turn[("prefill_killed", 2)] >= 1, "the new prefill counted no read of decode's KV"
+    assert last.reuse == "hit" and last.reused_tokens == next_turn.prompt_tokens + len(next_turn.logprobs) - 1
+    assert by_turn[("prefill_killed", 3)] > by_turn[("prefill_killed", 2)]
+    for turn, (a_off, a_on) in enumerate(zip(off.answers["prefill_killed"], on.answers["prefill_killed"], strict=True)):
+        assert a_on.tokens == a_off.tokens, f"turn {turn}"
+        assert max(abs(x - y) for x, y in zip(a_on.logprobs, a_off.logprobs, strict=True)) < 1e-4
+    assert on.prefill_router_stats is not None
+    assert on.prefill_router_stats["reuse"]["hit"] == 2 and on.prefill_router_stats["reuse"]["declined"] == 0
 
 
 def test_ttft_of_the_last_long_turn_is_lower_with_bidirectional_on(off: Run, on: OnRun) -> None:

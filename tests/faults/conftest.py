@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.faults.tally import TALLY
-from tests.router.conftest import http, make_stack, redis_url  # noqa: F401  (fixtures)
+from tests.router.conftest import http, make_stack  # noqa: F401  (fixtures)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

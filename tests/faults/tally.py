@@ -12,6 +12,7 @@ class Tally:
     turns: int = 0  # client requests sent while a fault was in play or after it
     lost: int = 0  # of those, answered with an error the fault did not justify, or hung
     expected_errors: int = 0  # the faulted turn itself, ended with an error that names it
+    cut: int = 0  # turns in flight when the router itself died: the connection cut, no [DONE]
     reads: int = 0  # D->P reads the fake prefills checked
     wrong_kv: int = 0  # of those, reads of KV decode did not hold for those positions
     soak: dict[str, float] = field(default_factory=dict)
@@ -21,7 +22,8 @@ class Tally:
         out = [
             f"faults injected: {len(self.injected)}, survived: {len(self.survived)}",
             f"client requests: {self.turns}, lost: {self.lost}, "
-            f"ended with the fault's own named error: {self.expected_errors}",
+            f"ended with the fault's own named error: {self.expected_errors}, "
+            f"cut off (no [DONE]) by the router's own death: {self.cut}",
             f"D->P reads checked: {self.reads}, turns served from wrong KV: {self.wrong_kv}",
         ]
         missed = [f for f in self.injected if f not in self.survived]

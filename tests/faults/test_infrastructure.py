@@ -8,15 +8,15 @@ metrics say, and that the router keeps serving. Figures go to tests/faults/tally
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
+import sysconfig
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -31,7 +31,7 @@ from pdx_router.config import RouterConfig, StoreConfig
 from pdx_router.store import MemoryStore
 from pdx_router.testing.fake_engine import Cluster, EngineOptions, FakeEngine
 from tests.faults.tally import TALLY
-from tests.router.conftest import StackFactory, start_router
+from tests.router.conftest import StackFactory
 from tests.router.helpers import LONG, assistant, user
 
 pytestmark = pytest.mark.faults
@@ -266,24 +266,117 @@ async def test_redis_frozen_costs_a_turn_about_a_second(
     survived(fault)
 
 
-async def test_router_restart_on_redis_keeps_reuse(
-    make_stack: StackFactory, http: aiohttp.ClientSession, redis_url: str
+class RouterProcess:
+    """`pdx-router` (the installed console script) as its own process on a fixed port: it can
+    be killed with SIGKILL, losing whatever it held in memory, and started again as it was."""
+
+    def __init__(self, args: list[str]) -> None:
+        exe = Path(sysconfig.get_path("scripts")) / "pdx-router"
+        if not exe.exists():
+            pytest.skip(f"{exe} is missing: install the router (pip install -e router)")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = [str(exe), "--host", "127.0.0.1", "--port", str(self.port), *args]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    async def start(self, timeout: float = 30.0) -> None:
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as http:
+            while True:
+                assert self.proc.poll() is None, f"pdx-router exited with {self.proc.returncode}"
+                try:
+                    async with http.get(self.url + "/ready") as r:
+                        if r.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    pass
+                assert time.monotonic() < deadline, "pdx-router did not become ready"
+                await asyncio.sleep(0.1)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def router_processes() -> Iterator[list[RouterProcess]]:
+    procs: list[RouterProcess] = []
+    yield procs
+    for proc in procs:
+        proc.stop()
+
+
+async def test_router_process_killed_mid_run_restarts_on_redis_and_reuses(
+    make_stack: StackFactory,
+    http: aiohttp.ClientSession,
+    redis_server: RedisServer,
+    router_processes: list[RouterProcess],
 ) -> None:
-    s = await make_stack(store=StoreConfig(kind="redis", url=redis_url, key_prefix="pdx-faults-b:"))
-    conv = Conversation("restart-1")
-    assert (await conv.turn(http, s.url))[1]["X-PDX-Reuse"] == "miss"
-    fault = injected("router restarted (Redis store)")
-    cfg = s.router.cfg
-    await s.runners.pop().cleanup()  # the router goes away with its memory
-    router, runner, url = await start_router(cfg)
-    s.runners.append(runner)
-    status, headers, _ = await conv.turn(http, url)
-    assert status == 200 and headers["X-PDX-Reuse"] == "hit"
-    assert (await stats(http, url))["reuse"]["hit"] == 1
-    assert await metric(http, url, "pdx_router_reuse_total") == 1
+    """SIGKILL, not a graceful stop: the router's memory and its connections go at once.
+    Turns in flight end with an error the client can tell from an answer; the entries the
+    router stored in Redis before the kill are reused by the router that comes back."""
+    s = await make_stack(routers=0, decode_opts={"output_tokens": 40})
+    engines = ["--prefill", s.prefill_urls[0], "--decode", s.decode_urls[0]]
+    router = RouterProcess(
+        [*engines, "--model", "Qwen", "--generation", "g1", "--threshold", "8", "--redis-url", redis_server.url]
+    )
+    router_processes.append(router)
+    await router.start()
+    idle = [Conversation(f"restart-idle-{i}") for i in range(3)]  # between turns at the kill
+    busy = [Conversation(f"restart-busy-{i}") for i in range(2)]  # mid-turn at the kill
+    for conv in idle + busy:
+        assert (await conv.turn(http, router.url))[1]["X-PDX-Reuse"] == "miss"
+        assert (await conv.turn(http, router.url))[1]["X-PDX-Reuse"] == "hit"
+
+    fault = injected("router process killed (SIGKILL) mid-run, restarted on Redis")
+    s.decode.opts.token_delay = 0.05  # 2 s streams, to kill the router in the middle of
+    responses = []
+    for conv in busy:
+        body = {"model": "Qwen", "messages": conv.messages, "stream": True, "conversation_id": conv.cid}
+        TALLY.turns += 1
+        r = await http.post(router.url + CHAT, json=body)
+        assert r.status == 200 and r.headers["X-PDX-Reuse"] == "hit"
+        got = b""
+        while got.count(b"data: ") < 3:
+            got += await r.content.readany()
+        responses.append((r, got))
+    router.kill()
+    for r, got in responses:
+        async with asyncio.timeout(5):  # the client is not left hanging
+            with pytest.raises(aiohttp.ClientPayloadError):  # the stream is cut, not ended
+                got += await r.content.read()
+        assert b"data: [DONE]" not in got
+        r.close()
+        TALLY.cut += 1
+    await until(lambda: s.decode.cancelled == len(busy), what="decode to see the streams aborted")
+    s.decode.opts.token_delay = 0.0
+
+    await router.start()  # the same flags, port and Redis: as its pod would come back
+    # What was stored before the kill is there; the turns in flight had taken theirs.
+    assert (await stats(http, router.url))["entries"] == len(idle)
+    for conv in idle:  # their entries, stored before the kill, are in Redis
+        status, headers, _ = await conv.turn(http, router.url)
+        assert status == 200 and headers["X-PDX-Reuse"] == "hit", headers
+    for conv in busy:  # the killed turn had taken its entry and stored nothing: recomputed
+        status, headers, _ = await conv.turn(http, router.url, stream=True)
+        assert status == 200 and headers["X-PDX-Reuse"] == "miss", headers
+        status, headers, _ = await conv.turn(http, router.url)
+        assert status == 200 and headers["X-PDX-Reuse"] == "hit", headers
+    doc = await stats(http, router.url)  # the new process counts only its own turns
+    assert doc["reuse"]["hit"] == len(idle) + len(busy) and doc["reuse"]["miss"] == len(busy), doc["reuse"]
+    assert doc["entries"] == len(idle) + len(busy)
+    assert await metric(http, router.url, "pdx_router_reuse_total") == len(idle) + 2 * len(busy)
+    assert await metric(http, router.url, "pdx_router_store_errors_total") == 0
     tally_reads(s.cluster)
-    assert [r.correct for r in s.cluster.reads] == [True]
-    assert router is not s.router
+    assert len(s.cluster.reads) == 2 * len(idle) + 3 * len(busy)  # every hit was a D->P read
+    assert all(r.correct for r in s.cluster.reads)
     survived(fault)
 
 
@@ -454,23 +547,15 @@ async def test_slow_client_keeps_router_memory_bounded(make_stack: StackFactory)
     client stalls and the router's RSS does not grow with the answer."""
     tokens = 120_000
     s = await make_stack(routers=0, decode_opts={"output_tokens": tokens})
-    port = free_port()
-    exe = [sys.executable, "-m", "pdx_router.main", "--port", str(port), "--host", "127.0.0.1"]
-    exe += ["--prefill", s.prefill_urls[0], "--decode", s.decode_urls[0], "--model", "Qwen", "--generation", "g1"]
-    proc = subprocess.Popen(exe, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
+    router = RouterProcess(
+        ["--prefill", s.prefill_urls[0], "--decode", s.decode_urls[0], "--model", "Qwen", "--generation", "g1"]
+    )
+    port = router.port
+    await router.start()
+    assert router.proc is not None
+    proc = router.proc
     fault = injected("slow client")
     try:
-        async with aiohttp.ClientSession() as http:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    async with http.get(f"http://127.0.0.1:{port}/ready") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                assert time.monotonic() < deadline, "router did not start"
-                await asyncio.sleep(0.1)
         base = _rss(proc.pid)
         sock = socket.socket()
         # No small SO_RCVBUF: a window below loopback's 64 KiB MSS can stall TCP on zero-window
@@ -514,8 +599,7 @@ async def test_slow_client_keeps_router_memory_bounded(make_stack: StackFactory)
         assert got > 15 * 2**20
         assert growth < 8, growth
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        router.stop()
     survived(fault)
 
 

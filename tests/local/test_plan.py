@@ -67,6 +67,31 @@ def test_pods_get_loopback_distinct_ports_and_their_own_engine_ids(tmp_path: Pat
         assert p.env["HF_HUB_OFFLINE"] == "1"
 
 
+def engine_id(proc: Any) -> str:
+    return str(json.loads(proc.argv[proc.argv.index("--kv-transfer-config") + 1])["engine_id"])
+
+
+def test_a_pod_made_again_has_a_new_engine_id_on_the_same_ports(tmp_path: Path) -> None:
+    """A peer keeps NIXL state per engine id: a new pod (new UID) must not inherit its predecessor's."""
+    topo = LocalTopology(default_document(), state_dir=tmp_path)
+    topo.processes = topo.plan()
+    first = next(p for p in topo.processes if p.name == "local-prefill-0")
+    spawned: list[Any] = []
+    topo._popen = {"local-prefill-0": subprocess.Popen([sys.executable, "-c", "pass"])}
+    topo._popen["local-prefill-0"].wait()
+    topo._spawn = spawned.append  # type: ignore[method-assign,assignment]
+    topo._wait_healthy = lambda processes=None: None  # type: ignore[method-assign]
+    topo._write_pids = lambda: None  # type: ignore[method-assign]
+    topo.recreate("local-prefill-0")
+    topo.recreate("local-prefill-0")
+    again, third = spawned
+    assert len({engine_id(first), engine_id(again), engine_id(third)}) == 3
+    assert again.env["POD_UID"] != first.env["POD_UID"]
+    side = "VLLM_NIXL_SIDE_CHANNEL_PORT"
+    assert (again.port, again.env[side]) == (first.port, first.env[side])
+    assert next(p for p in topo.processes if p.name == "local-prefill-0") is third
+
+
 def test_router_reads_its_rendered_config_with_loopback_endpoints_of_one_generation(tmp_path: Path) -> None:
     procs = plan(tmp_path)
     router = procs["local-router-0"]
