@@ -34,9 +34,8 @@ def test_engines_run_the_rendered_arguments_through_the_vllm_serve_shim(tmp_path
     local = prefill.argv[len(VLLM_SERVE_LOCAL) :]
     assert len(local) == len(rendered)
     changed = {(r, m) for r, m in zip(rendered, local, strict=True) if r != m}
-    # Only the pod's surroundings differ: model path (volume), host/port, engine id (pod identity).
-    kv_json = rendered[rendered.index("--kv-transfer-config") + 1]
-    assert {r for r, _ in changed} == {"/models/pdx-tiny", "$(PDX_HTTP_HOST)", "$(PDX_HTTP_PORT)", kv_json}
+    # Only the pod's surroundings differ: model path (volume), host/port.
+    assert {r for r, _ in changed} == {"/models/pdx-tiny", "$(PDX_HTTP_HOST)", "$(PDX_HTTP_PORT)"}
 
 
 def test_a_changed_rendered_argument_shows_up_in_the_local_run(tmp_path: Path) -> None:
@@ -51,7 +50,7 @@ def test_a_changed_rendered_argument_shows_up_in_the_local_run(tmp_path: Path) -
     assert "--max-num-batched-tokens" not in procs["local-prefill-0"].argv
 
 
-def test_pods_get_loopback_distinct_ports_and_their_own_engine_ids(tmp_path: Path) -> None:
+def test_pods_get_loopback_distinct_ports_and_leave_engine_ids_to_vllm(tmp_path: Path) -> None:
     doc = copy.deepcopy(default_document())
     doc["spec"]["decode"]["replicas"] = 2
     procs = plan(tmp_path, doc)
@@ -59,37 +58,12 @@ def test_pods_get_loopback_distinct_ports_and_their_own_engine_ids(tmp_path: Pat
     assert len(engines) == 3
     ports = [p.port for p in engines] + [int(p.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]) for p in engines]
     assert len(set(ports)) == len(ports)
-    ids = {json.loads(p.argv[p.argv.index("--kv-transfer-config") + 1])["engine_id"] for p in engines}
-    assert len(ids) == 3
+    # vLLM draws one per process: every start, restarts included, is a new NIXL peer
+    assert not any("engine_id" in json.loads(p.argv[p.argv.index("--kv-transfer-config") + 1]) for p in engines)
     for p in engines:
         assert p.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == LOOPBACK
         assert p.argv[p.argv.index("--host") + 1] == LOOPBACK
         assert p.env["HF_HUB_OFFLINE"] == "1"
-
-
-def engine_id(proc: Any) -> str:
-    return str(json.loads(proc.argv[proc.argv.index("--kv-transfer-config") + 1])["engine_id"])
-
-
-def test_a_pod_made_again_has_a_new_engine_id_on_the_same_ports(tmp_path: Path) -> None:
-    """A peer keeps NIXL state per engine id: a new pod (new UID) must not inherit its predecessor's."""
-    topo = LocalTopology(default_document(), state_dir=tmp_path)
-    topo.processes = topo.plan()
-    first = next(p for p in topo.processes if p.name == "local-prefill-0")
-    spawned: list[Any] = []
-    topo._popen = {"local-prefill-0": subprocess.Popen([sys.executable, "-c", "pass"])}
-    topo._popen["local-prefill-0"].wait()
-    topo._spawn = spawned.append  # type: ignore[method-assign,assignment]
-    topo._wait_healthy = lambda processes=None: None  # type: ignore[method-assign]
-    topo._write_pids = lambda: None  # type: ignore[method-assign]
-    topo.recreate("local-prefill-0")
-    topo.recreate("local-prefill-0")
-    again, third = spawned
-    assert len({engine_id(first), engine_id(again), engine_id(third)}) == 3
-    assert again.env["POD_UID"] != first.env["POD_UID"]
-    side = "VLLM_NIXL_SIDE_CHANNEL_PORT"
-    assert (again.port, again.env[side]) == (first.port, first.env[side])
-    assert next(p for p in topo.processes if p.name == "local-prefill-0") is third
 
 
 def test_router_reads_its_rendered_config_with_loopback_endpoints_of_one_generation(tmp_path: Path) -> None:

@@ -87,10 +87,10 @@ def test_the_lease_from_the_spec_is_rendered_on_both_roles() -> None:
     assert leases == {"qwen3-32b-prefill": 300, "qwen3-32b-decode": 300}
 
 
-def test_engine_ids_are_unique_per_pod_and_side_channel_host_is_the_pod_ip() -> None:
+def test_engine_ids_are_left_to_each_process_and_side_channel_host_is_the_pod_ip() -> None:
     sts = by_kind(render(target()), "StatefulSet")["qwen3-32b-decode"]
     container = sts["spec"]["template"]["spec"]["containers"][0]
-    assert json.loads(container_arg(sts, "--kv-transfer-config"))["engine_id"] == "$(POD_NAME)-$(POD_UID)"
+    assert "engine_id" not in json.loads(container_arg(sts, "--kv-transfer-config"))  # see kv_transfer_config
     env = {e["name"]: e for e in container["env"]}
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["value"] == "$(POD_IP)"
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"

@@ -100,21 +100,15 @@ def _replace_prefix(argv: list[str], old: list[str], new: list[str]) -> list[str
     return new + argv[len(old) :] if argv[: len(old)] == old else argv
 
 
-def engine_process(
-    sts: Mapping[str, Any], ordinal: int, ports: Ports, layout: Layout, incarnation: int = 0
-) -> LocalProcess:
-    """Pod `ordinal` of an engine StatefulSet as a process.
-
-    `incarnation` counts the times the pod was made again (deleted, or lost with its node): each
-    new pod has a new UID, hence a new NIXL engine id, as in a cluster.
-    """
+def engine_process(sts: Mapping[str, Any], ordinal: int, ports: Ports, layout: Layout) -> LocalProcess:
+    """Pod `ordinal` of an engine StatefulSet as a process."""
     template = sts["spec"]["template"]
     pod_spec, labels = template["spec"], template["metadata"]["labels"]
     container = pod_spec["containers"][0]
     pod = f"{sts['metadata']['name']}-{ordinal}"
     fields = {
         "metadata.name": pod,
-        "metadata.uid": f"local{ports.http}" + (f"-{incarnation}" if incarnation else ""),
+        "metadata.uid": f"local{ports.http}",
         "status.podIP": LOOPBACK,
         "metadata.namespace": sts["metadata"]["namespace"],
     }

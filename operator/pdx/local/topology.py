@@ -115,21 +115,16 @@ class LocalTopology:
         self.generation = config_hash(self.target)
         self.started_at: dict[str, float] = {}
         self.healthy_after: dict[str, float] = {}
-        self._sets: dict[str, dict[str, Any]] = {}
-        self._pods: dict[str, tuple[str, int, Ports]] = {}  # engine pod -> role, ordinal, ports
-        self._incarnations: dict[str, int] = {}
 
     # -- planning ---------------------------------------------------------------------------
     def plan(self) -> list[LocalProcess]:
         objects = render(self.target)
         sets = {o["metadata"]["labels"]["pdx.dev/role"]: o for o in objects if o["kind"] == "StatefulSet"}
-        self._sets = sets
         engines: list[LocalProcess] = []
         for role in ROLES:
             for ordinal in range(self.target.spec.role(role).replicas):
                 ports = Ports(http=free_port(), side_channel=free_port())
                 engines.append(engine_process(sets[role], ordinal, ports, self.layout))
-                self._pods[engines[-1].name] = (role, ordinal, ports)
         endpoints = [
             ready_engine(p.role, p.name, LOOPBACK, p.generation or "", p.port)  # type: ignore[arg-type]
             for p in engines
@@ -217,29 +212,10 @@ class LocalTopology:
         popen.wait()
 
     def restart(self, name: str) -> None:
-        """Start a process again with the same plan (a container restart: same pod, same UID,
-        so the same NIXL engine id) and wait for health."""
+        """Start a process again with the same plan (a container restart) and wait for health."""
         proc = next(p for p in self.processes if p.name == name)
         if self._popen[name].poll() is None:
             self.kill(name)
-        self._spawn(proc)
-        self._wait_healthy([proc])
-        self._write_pids()
-
-    def recreate(self, name: str) -> None:
-        """An engine pod deleted, or lost with its node, and made again by its StatefulSet: the
-        same name and ports, a new UID and so a new NIXL engine id. Waits for health.
-
-        The engine id matters to its peers: they keep NIXL state per engine id, and state kept
-        for a process that is gone fails every transfer (`restart` keeps the id, as a container
-        restart in the same pod does).
-        """
-        role, ordinal, ports = self._pods[name]
-        if self._popen[name].poll() is None:
-            self.kill(name)
-        self._incarnations[name] = self._incarnations.get(name, 0) + 1
-        proc = engine_process(self._sets[role], ordinal, ports, self.layout, self._incarnations[name])
-        self.processes = [proc if p.name == name else p for p in self.processes]
         self._spawn(proc)
         self._wait_healthy([proc])
         self._write_pids()

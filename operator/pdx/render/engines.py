@@ -26,15 +26,17 @@ HF_TOKEN_FILE = f"{HF_TOKEN_DIR}/token"
 
 
 def kv_transfer_config(target: Target, role: Role) -> dict[str, Any]:
-    """The NixlConnector config; equal on both roles but for kv_role and engine_id."""
+    """The NixlConnector config; equal on both roles but for kv_role.
+
+    No engine_id: vLLM draws a fresh uuid4 per process. One per pod (name and UID) survived a
+    container restart, and decode, which keeps NIXL state per engine id, went on using the dead
+    process's agent: every pull from the restarted prefill failed with NIXL_ERR_REMOTE_DISCONNECT
+    (seen with real engines, tests/e2e). Nothing in pdx reads the id."""
     kv = target.spec.kv_transfer
     return {
         "kv_connector": "NixlConnector",
         "kv_role": KV_ROLE[role],
         "kv_buffer_device": target.spec.kv_buffer_device,
-        # Unique per pod incarnation: prefill caches NIXL handshakes by engine id, so a
-        # restarted decode must not reuse its predecessor's.
-        "engine_id": "$(POD_NAME)-$(POD_UID)",
         "kv_load_failure_policy": kv.load_failure_policy,
         "kv_connector_extra_config": {
             "backends": target.spec.backends,
@@ -83,7 +85,6 @@ def engine_env(target: Target, role: Role) -> list[dict[str, Any]]:
     spec = target.spec
     env: list[dict[str, Any]] = [
         _field_env("POD_NAME", "metadata.name"),
-        _field_env("POD_UID", "metadata.uid"),
         _field_env("POD_IP", "status.podIP"),
         {"name": HOST_ENV, "value": "0.0.0.0"},
         {"name": PORT_ENV, "value": str(HTTP_PORT)},
