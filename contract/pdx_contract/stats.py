@@ -66,3 +66,14 @@ class RouterStats(_Read):
     inter_turn_gap_seconds: GapSummary = GapSummary()
     router_tokenizer: Literal["off", "probation", "trusted", "disabled"] = "off"
     """The router's own tokenizer: not configured, on probation, trusted, or disabled after a mismatch."""
+
+
+class Holding(_Read):
+    """The router's `GET /v1/pdx/holding?decode=URL`, read by a decode being scaled away (its
+    preStop, `pdx_engine.drain`, which reads `entries` with the standard library alone: it runs
+    in the serving image, where pdx's packages are not installed)."""
+
+    decode: str
+    generation: str
+    entries: int | None
+    """Live entries of this generation whose KV that decode holds; None: the store did not answer."""

@@ -21,6 +21,8 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from pdx_contract.stats import Holding
+
 from .bounds import CONNECTIONS, Connections
 from .chat_tokens import ChatTokenizer, TextPrefix
 from .config import ConfigError, RouterConfig
@@ -132,6 +134,21 @@ class Router:
         # metric and per value: the loop may count meanwhile).
         body = await asyncio.to_thread(generate_latest, self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def holding(self, req: web.Request) -> web.Response:
+        """How many live entries of this config generation point at one decode: a decode being
+        scaled away (pdx_engine.drain, its preStop) waits until none does. Entries of another
+        generation are no use to the next turns, so a rollout never waits for them."""
+        decode = req.query.get("decode")
+        if not decode:
+            return _error(400, "decode: the query needs the decode's URL, e.g. ?decode=http://10.0.0.5:8000", "")
+        try:
+            entries: int | None = await self.store.holding(decode, self.cfg.generation)
+        except Exception as exc:
+            self._store_failed("holding", exc)
+            entries = None  # unknown: the decode's drain decides (it stops waiting)
+        answer = Holding(decode=decode, generation=self.cfg.generation, entries=entries)
+        return web.Response(body=orjson.dumps(answer.to_json()), content_type="application/json")
 
     async def stats(self, _req: web.Request) -> web.Response:
         entries = await self._count()  # None: the store is down (its errors are counted)
@@ -606,4 +623,5 @@ def build_app(cfg: RouterConfig, store: Store | None = None) -> web.Application:
     app.router.add_get("/ready", router.ready)
     app.router.add_get("/metrics", router.metrics_route)
     app.router.add_get("/v1/pdx/stats", router.stats)
+    app.router.add_get("/v1/pdx/holding", router.holding)
     return app

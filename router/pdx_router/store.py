@@ -43,6 +43,11 @@ class Store(Protocol):
 
     async def count(self) -> int: ...
 
+    async def holding(self, decode_url: str, generation: str) -> int:
+        """Live entries whose KV this decode holds, of this generation: what a decode being
+        scaled away waits for (its conversations move, or their entries expire)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -119,6 +124,14 @@ class MemoryStore:
         self._sweep(time.time())
         return self._bytes
 
+    async def holding(self, decode_url: str, generation: str) -> int:
+        now = time.time()  # a scan: asked every few seconds by a draining decode, not per turn
+        return sum(
+            1
+            for e in self._items.values()
+            if e.decode_url == decode_url and e.generation == generation and e.deadline > now
+        )
+
     async def close(self) -> None:
         self._items.clear()
         self._sizes.clear()
@@ -134,15 +147,23 @@ class MemoryStore:
 #   Psize, Powner hashes: each entry's size in bytes, and its tenant's id
 #   Pbytes        the bytes of all entries; Ptbytes: a hash, the bytes per tenant id
 #   Ptenant:<id>  sorted set: one tenant's entries, scored like the index
+#   Pholder       hash: each entry's holder id (its decode and generation, see holder_id)
+#   Pholds:<id>   sorted set: the entries one decode holds of one generation, scored like the index
 # Entries written by earlier routers are in the index but have no size: they count as 0 and
 # leave within one TTL. The scripts name keys they compute from the prefix, so the store
 # runs on one Redis (or a replicated primary), not on Redis Cluster.
 _LUA_COMMON = """
 local P = ARGV[1]
 local index, sizes, owners, total, tbytes = P..'index', P..'size', P..'owner', P..'bytes', P..'tbytes'
+local holders = P..'holder'
 local function drop(k)
   local size = tonumber(redis.call('HGET', sizes, k) or '0')
   local owner = redis.call('HGET', owners, k)
+  local holder = redis.call('HGET', holders, k)
+  if holder then
+    redis.call('ZREM', P..'holds:'..holder, k)
+    redis.call('HDEL', holders, k)
+  end
   redis.call('DEL', k)
   redis.call('ZREM', index, k)
   redis.call('HDEL', sizes, k)
@@ -173,7 +194,7 @@ return value
 """
 )
 # ARGV: prefix, key, value, keep_ms, score, now, size, tenant id, max entries, max bytes,
-# max bytes per tenant (0: no bound) -> 1 if kept
+# max bytes per tenant (0: no bound), holder id -> 1 if kept
 _LUA_PUT = (
     _LUA_COMMON
     + """
@@ -191,6 +212,8 @@ redis.call('HSET', sizes, k, size)
 redis.call('HSET', owners, k, owner)
 redis.call('INCRBY', total, size)
 redis.call('HINCRBY', tbytes, owner, size)
+redis.call('HSET', holders, k, ARGV[12])
+redis.call('ZADD', P..'holds:'..ARGV[12], score, k)
 if max_tenant > 0 then
   while tonumber(redis.call('HGET', tbytes, owner) or '0') > max_tenant do
     local oldest = redis.call('ZRANGE', tz, 0, 0)[1]
@@ -207,6 +230,14 @@ end
 return 1
 """
 )
+# ARGV: prefix, now, holder id, the lowest score of a live entry (now + grace) -> entries
+_LUA_HOLDING = (
+    _LUA_COMMON
+    + """
+sweep(ARGV[2])
+return redis.call('ZCOUNT', P..'holds:'..ARGV[3], '('..ARGV[4], '+inf')
+"""
+)
 # ARGV: prefix, now -> {entries, bytes}
 _LUA_USAGE = (
     _LUA_COMMON
@@ -215,6 +246,11 @@ sweep(ARGV[2])
 return {redis.call('ZCARD', index), tonumber(redis.call('GET', total) or '0')}
 """
 )
+
+
+def holder_id(decode_url: str, generation: str) -> str:
+    """A decode and generation in Redis keys."""
+    return hashlib.sha256(f"{decode_url}\x00{generation}".encode()).hexdigest()[:32]
 
 
 def tenant_id(tenant: str) -> str:
@@ -248,6 +284,7 @@ class RedisStore:
         self._take = self._redis.register_script(_LUA_TAKE)
         self._put = self._redis.register_script(_LUA_PUT)
         self._usage = self._redis.register_script(_LUA_USAGE)
+        self._holding = self._redis.register_script(_LUA_HOLDING)
 
     async def take(self, key: str) -> Entry | None:
         raw = await self._take(args=[self._prefix, key, time.time()])
@@ -259,6 +296,7 @@ class RedisStore:
         value = entry.to_bytes()
         args: list[Any] = [self._prefix, key, value, keep_ms, entry.deadline + self._grace, now, len(value)]
         args += [tenant_id(entry.tenant), self._max, self._max_bytes, self._max_tenant]
+        args.append(holder_id(entry.decode_url, entry.generation))
         await self._put(args=args)
 
     async def _entries_and_bytes(self) -> tuple[int, int]:
@@ -271,6 +309,10 @@ class RedisStore:
     async def nbytes(self) -> int:
         """The bytes of the entries' values in Redis (what max_bytes bounds)."""
         return (await self._entries_and_bytes())[1]
+
+    async def holding(self, decode_url: str, generation: str) -> int:
+        now = time.time()
+        return int(await self._holding(args=[self._prefix, now, holder_id(decode_url, generation), now + self._grace]))
 
     async def close(self) -> None:
         await self._redis.aclose()

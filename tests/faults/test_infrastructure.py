@@ -706,6 +706,9 @@ class DownStore:
     async def count(self) -> int:
         raise ConnectionError("store down")
 
+    async def holding(self, decode_url: str, generation: str) -> int:
+        raise ConnectionError("store down")
+
     async def close(self) -> None:
         return None
 

@@ -91,8 +91,18 @@ def test_engines_reach_dns_the_opposite_role_and_public_https_but_not_the_metada
         assert not admitted(objs, p[role], "169.254.169.254", 443)
         assert not admitted(objs, p[role], "10.0.3.7", 443)  # anything inside the VPC
         assert not admitted(objs, p[role], "104.18.0.1", 80)
-        assert not admitted(objs, p[role], p["router"], 8000)
+        assert admitted(objs, p[role], p["router"], 8000) is (role == "decode")  # a draining decode asks
         assert not admitted(objs, p[role], STRANGER, 8000)
+
+
+def test_a_draining_decode_may_ask_the_router_what_it_holds_even_with_clients_set() -> None:
+    objs, p = rendered(spec__network__clients=[{"ipBlock": {"cidr": "10.9.0.0/16"}}])
+    assert admitted(objs, p["decode"], p["router"], 8000)
+    assert not admitted(objs, p["prefill"], p["router"], 8000)
+    off, q = rendered(
+        spec__network__clients=[{"ipBlock": {"cidr": "10.9.0.0/16"}}], spec__kvTransfer__bidirectional=False
+    )
+    assert not admitted(off, q["decode"], q["router"], 8000)  # no KV held for reuse: no drain
 
 
 def test_model_download_can_be_closed_or_narrowed_to_a_mirror() -> None:

@@ -3,12 +3,14 @@ read, and its conversations move to another decode on their next turn (issue 18)
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
 import pytest
 
 from pdx_contract.endpoints import PublishedEndpoint
+from pdx_engine import drain
 
 from .conftest import Stack, StackFactory
 from .helpers import LONG, assistant, chat, user
@@ -86,3 +88,27 @@ async def test_with_only_draining_decodes_the_router_is_not_ready(
     _publish(s, {s.decode_urls[0]: True})
     async with http.get(s.url + "/ready") as r:
         assert r.status == 503
+
+
+async def test_the_router_counts_what_a_decode_holds_until_its_conversations_move(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(n_decode=2)
+    keep, leaving = s.decode_urls
+    history: dict[str, list[dict[str, Any]]] = {}
+    _publish(s, {leaving: False})
+    for c in ("a", "b"):
+        _, _, data = await chat(http, s.url, [user(LONG + c)], conversation=c)
+        history[c] = [user(LONG + c), assistant(data["choices"][0]["message"]["content"]), user("more")]
+
+    def held(url: str) -> int | None:
+        return drain.holding(s.url, url)
+
+    assert await asyncio.to_thread(held, leaving) == 2 and await asyncio.to_thread(held, keep) == 0
+    _publish(s, {keep: False, leaving: True})
+    for c, msgs in history.items():
+        _, h, _ = await chat(http, s.url, msgs, conversation=c)
+        assert h["X-PDX-Reuse"] == "hit"
+    assert await asyncio.to_thread(held, leaving) == 0 and await asyncio.to_thread(held, keep) == 2
+    async with http.get(s.url + "/v1/pdx/holding") as r:
+        assert r.status == 400 and "decode" in (await r.json())["error"]["message"]

@@ -15,7 +15,7 @@ import redis.asyncio as redis
 from pdx_router.chat_tokens import TextPrefix
 from pdx_router.config import StoreConfig
 from pdx_router.entries import Entry, pack_ids
-from pdx_router.store import RedisStore
+from pdx_router.store import MemoryStore, RedisStore, Store
 
 from .conftest import StackFactory
 from .helpers import LONG, assistant, chat, user
@@ -138,5 +138,28 @@ async def test_the_redis_stores_bytes_follow_take_and_expiry(redis_url: str) -> 
         assert await store.nbytes() > 0
         await asyncio.sleep(0.1)
         assert await store.nbytes() == 0 and await store.count() == 0
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+async def test_both_stores_count_the_live_entries_a_decode_holds_of_one_generation(
+    redis_url: str, kind: str
+) -> None:
+    """What a draining decode waits for: taken, expired or other-generation entries are not."""
+    store: Store = RedisStore(redis_url, "pdx-test-hold:", max_entries=10) if kind == "redis" else MemoryStore(10)
+    now = time.time()
+    e = Entry({"remote_num_tokens": 1}, pack_ids([1]), "http://d1", "g", now, now + 60)
+    try:
+        await store.put("a", e)
+        await store.put("b", e)
+        await store.put("c", replace(e, decode_url="http://d2"))
+        await store.put("d", replace(e, generation="old"))
+        await store.put("e", replace(e, deadline=now - 1))  # past its deadline, within the grace
+        assert await store.holding("http://d1", "g") == 2
+        await store.take("a")
+        assert await store.holding("http://d1", "g") == 1
+        assert await store.holding("http://d2", "g") == 1 and await store.holding("http://d1", "old") == 1
+        assert await store.holding("http://d9", "g") == 0
     finally:
         await store.close()

@@ -25,7 +25,7 @@ from pdx.controller import advice, rollout, status
 from pdx.controller.kube import ApiError, Kube
 from pdx.controller.rollout import PodView
 from pdx.render import config_hash, render
-from pdx.render.meta import ROLES, canonical_hash, router_name
+from pdx.render.meta import ROLES, canonical_hash, router_url
 from pdx.render.router import ENDPOINTS_FILE
 from pdx.resource import SpecError, Target, load
 from pdx.spec import DisaggregatedInferenceSpec, DisaggregatedInferenceStatus
@@ -199,10 +199,6 @@ def load_target(body: Mapping[str, Any], namespace: str) -> Target:
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def router_url(target: Target) -> str:
-    return f"http://{router_name(target)}.{target.namespace}.svc:{target.spec.router.port}"
 
 
 def _previous_status(body: Mapping[str, Any]) -> DisaggregatedInferenceStatus | None:

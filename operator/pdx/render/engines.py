@@ -17,6 +17,10 @@ from pdx.resource import Target
 
 # The serving image's entrypoint: optional EFA check, then exec its arguments.
 ENGINE_ENTRYPOINT = "/usr/local/bin/pdx-engine-entrypoint"
+# pdx_engine/drain.py in the serving image: a decode's preStop (see `drain`).
+DRAIN_PROGRAM = "/usr/local/bin/pdx-drain"
+# After the drain, vLLM's own shutdown (in-flight requests finish).
+SHUTDOWN_SECONDS = 60
 # Kubernetes expands $(VAR) in args from the container's env; the local runtime does the same.
 PORT_ENV = "PDX_HTTP_PORT"
 HOST_ENV = "PDX_HTTP_HOST"
@@ -108,6 +112,8 @@ def engine_env(target: Target, role: Role) -> list[dict[str, Any]]:
         extra.update(spec.placement.fi_env)
         if spec.placement.efa_check is not False:
             extra["PDX_REQUIRE_EFA"] = "1"
+    if role == "decode" and spec.kv_transfer.bidirectional:  # read by the preStop (see `drain`)
+        extra.update(PDX_DRAIN_ROUTER=meta.router_url(target), PDX_DRAIN_SECONDS=str(spec.router_ttl))
     extra.update(spec.role(role).env)
     env += [{"name": k, "value": v} for k, v in sorted(extra.items())]
     return env
@@ -207,7 +213,16 @@ def engine_container(target: Target, role: Role) -> dict[str, Any]:
         "livenessProbe": _probe("/health", probes.period_seconds, probes.failure_threshold),
         "securityContext": engine_security_context(target),
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        **drain(target, role),
     }
+
+
+def drain(target: Target, role: Role) -> dict[str, Any]:
+    """A decode going away first lets its conversations move (pdx_engine/drain.py): at most the
+    router's entry deadline, after which no entry points at it anyway."""
+    if role != "decode" or not target.spec.kv_transfer.bidirectional:
+        return {}
+    return {"lifecycle": {"preStop": {"exec": {"command": ["python3", DRAIN_PROGRAM]}}}}
 
 
 def engine_pod_spec(target: Target, role: Role) -> dict[str, Any]:
@@ -245,7 +260,7 @@ def engine_pod_spec(target: Target, role: Role) -> dict[str, Any]:
         # Service links would inject e.g. VLLM_PORT for a Service named `vllm`, which vLLM reads.
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": SHUTDOWN_SECONDS + (spec.router_ttl if drain(target, role) else 0),
         "containers": [engine_container(target, role)],
         "volumes": volumes,
     }

@@ -83,5 +83,10 @@ def router_name(target: Target) -> str:
     return f"{target.name}-router"
 
 
+def router_url(target: Target) -> str:
+    """The router's Service, as the operator (stats) and draining decodes reach it."""
+    return f"http://{router_name(target)}.{target.namespace}.svc:{target.spec.router.port}"
+
+
 def endpoints_name(target: Target) -> str:
     return f"{target.name}-endpoints"

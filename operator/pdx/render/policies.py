@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from pdx import labels
 from pdx.render import meta
+from pdx.render.engines import drain
 from pdx.render.meta import HTTP_PORT, ROLES, Role
 from pdx.resource import Target
 from pdx.spec import NetworkPeer
@@ -85,6 +86,9 @@ def engine_network_policy(target: Target, role: Role) -> dict[str, Any]:
     download = copy.deepcopy(PUBLIC) if net.model_download is None else _peers(net.model_download)
     if download:
         egress.append({"to": download, "ports": [{"protocol": "TCP", "port": HTTPS_PORT}]})
+    if role == "decode" and drain(target, role):  # the preStop asks the router what it holds
+        router_port = [{"protocol": "TCP", "port": target.spec.router.port}]
+        egress.append({"to": [_pods(target, "router")], "ports": router_port})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -109,6 +113,8 @@ def router_network_policy(target: Target) -> dict[str, Any]:
         ingress = [{"ports": port}]  # no `from`: any source
     else:
         sources = _peers([*net.clients, *net.operator, *net.metrics_scrapers])
+        if drain(target, "decode"):  # a draining decode's preStop asks what it still holds
+            sources.append(_pods(target, "decode"))
         ingress = [{"from": sources, "ports": port}] if sources else []
     egress: list[dict[str, Any]] = [
         {"ports": copy.deepcopy(DNS)},
