@@ -33,6 +33,9 @@ CHILDREN: tuple[Kind, ...] = (
     Kind("apps/v1", "Deployment", "deployments", watched=True),
     Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
     Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+    # Rendered only with spec.monitoring.podMonitors; listing it where the Prometheus Operator
+    # is not installed finds nothing (a 404 is an empty list), so such clusters are unaffected.
+    Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
 )
 RESOURCE = Kind(API_VERSION, KIND, PLURAL)
 POD = Kind("v1", "Pod", "pods")  # read for readiness and the endpoints file

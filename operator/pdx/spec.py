@@ -336,6 +336,14 @@ class RouterSpec(_Spec):
         return decoder_ttl - margin  # >= 1: the decoder TTL is at least the decline window + 1
 
 
+class MonitoringSpec(_Spec):
+    """Scraping by the Prometheus Operator (docs/observability.md)."""
+
+    pod_monitors: bool = False
+    """Render a PodMonitor (monitoring.coreos.com/v1) for the engines' and the router's /metrics.
+    Needs the Prometheus Operator's CRDs; off, nothing of theirs is rendered."""
+
+
 class DisaggregatedInferenceSpec(_Spec):
     """A prefill fleet, a decode fleet and a KV-cache-aware router with bidirectional KV transfer."""
 
@@ -362,6 +370,8 @@ class DisaggregatedInferenceSpec(_Spec):
     """Node placement."""
     router: RouterSpec = Field(default_factory=RouterSpec)
     """The KV-cache-aware router."""
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
+    """Metrics scraping."""
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> DisaggregatedInferenceSpec:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdx.render import engines, policies, router
+from pdx.render import engines, monitoring, policies, router
 from pdx.render.meta import ROLES, config_hash
 from pdx.render.router import ready_engine
 from pdx.resource import Target
@@ -32,4 +32,5 @@ def render(target: Target, endpoints: list[PublishedEndpoint] | None = None) -> 
     out.append(router.router_service(target))
     out.append(policies.engines_network_policy(target))
     out.extend(policies.disruption_budgets(target))
+    out.extend(monitoring.pod_monitors(target))
     return out
