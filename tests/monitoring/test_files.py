@@ -46,3 +46,10 @@ def test_check_reports_a_hand_edited_copy(tmp_path: Path, monkeypatch: pytest.Mo
     assert cli.main(["--check"]) == 1
     assert cli.main(["--write"]) == 0
     assert files.stale() == []
+
+
+def test_every_alerts_signals_are_parts_of_its_expression() -> None:
+    for a in alerts.ALERTS:
+        assert a.signals, a.name
+        for signal in a.signals:
+            assert signal in a.expr, f"{a.name}: {signal}"

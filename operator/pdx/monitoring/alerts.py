@@ -24,6 +24,9 @@ class Alert:
     severity: Literal["warning", "critical"]
     summary: str
     description: str  # what to do, naming the field or metric to look at
+    signals: tuple[str, ...]
+    """The parts of `expr` that read data (the compared values, without their thresholds): on a
+    healthy fleet `expr` returns nothing, these must return series (tests/e2e/test_prometheus.py)."""
 
     def rule(self) -> dict[str, Any]:
         return {
@@ -49,13 +52,22 @@ def hit_rate(window: str, offset: str = "") -> str:
 
 _TURNS_WITH_ENTRY = _rate(f'{REUSE}{{outcome!="miss"}}', "15m")
 _INSTANCE = "{{ $labels.namespace }}/{{ $labels.pdx_instance }}"
-_LOST = REUSE + '{outcome=~"expired|declined"}'
+_LOST = _rate(REUSE + '{outcome=~"expired|declined"}', "15m")
+_MISMATCHES = f"sum by ({BY}) (increase(pdx_router_tokenize_mismatch_total[15m]))"
+_REQUESTS = f"sum by ({BY}) (rate(pdx_router_requests_total[5m]))"
+# 0, not absent, while the router has answered no 5xx at all (no such series exists yet).
+_5XX = f'(sum by ({BY}) (rate(pdx_router_requests_total{{status=~"5.."}}[5m])) or 0 * {_REQUESTS})'
+_DECODE_KV = f'max by ({BY}, instance) (vllm:kv_cache_usage_perc{{{COMPONENT_LABEL}="decode"}})'
+_DECODED = f'sum by ({BY}) (rate(vllm:request_success_total{{{COMPONENT_LABEL}="decode"}}[10m]))'
+_TRANSFERS = f"sum by ({BY}) (rate(vllm:nixl_xfer_time_seconds_count[10m]))"
+_RECONCILE_ERRORS = "sum by (namespace) (increase(pdx_operator_reconcile_errors_total[15m]))"
 
 
 ALERTS: tuple[Alert, ...] = (
     Alert(
         name="PdxReuseHitRateFalling",
         expr=f"{hit_rate('15m')} < 0.5 * {hit_rate('15m', '1h')}\nand {_TURNS_WITH_ENTRY} > 0",
+        signals=(hit_rate("15m"), hit_rate("15m", "1h"), _TURNS_WITH_ENTRY),
         for_="10m",
         severity="warning",
         summary=f"{_INSTANCE}: reuse hit rate fell below half of what it was an hour ago",
@@ -70,7 +82,8 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         name="PdxReuseReadsExpiredOrDeclined",
-        expr=f"{_rate(_LOST, '15m')}\n/ {_TURNS_WITH_ENTRY} > 0.2",
+        expr=f"{_LOST}\n/ {_TURNS_WITH_ENTRY} > 0.2",
+        signals=(_LOST, _TURNS_WITH_ENTRY),
         for_="10m",
         severity="warning",
         summary=f"{_INSTANCE}: over 20% of returning turns found their KV expired or declined",
@@ -85,7 +98,8 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         name="PdxTokenizerMismatch",
-        expr=f"sum by ({BY}) (increase(pdx_router_tokenize_mismatch_total[15m])) > 0",
+        expr=f"{_MISMATCHES} > 0",
+        signals=(_MISMATCHES,),
         for_="0m",
         severity="warning",
         summary=f"{_INSTANCE}: the router's prompt ids differ from the engine's",
@@ -98,10 +112,8 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         name="PdxRouterErrors",
-        expr=(
-            f'sum by ({BY}) (rate(pdx_router_requests_total{{status=~"5.."}}[5m]))\n'
-            f"/ sum by ({BY}) (rate(pdx_router_requests_total[5m])) > 0.05"
-        ),
+        expr=f"{_5XX}\n/ {_REQUESTS} > 0.05",
+        signals=(_5XX, _REQUESTS),
         for_="5m",
         severity="critical",
         summary=f"{_INSTANCE}: over 5% of the router's responses are 5xx",
@@ -113,7 +125,8 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         name="PdxDecodeKvCacheNearFull",
-        expr=f'max by ({BY}, instance) (vllm:kv_cache_usage_perc{{{COMPONENT_LABEL}="decode"}}) > 0.9',
+        expr=f"{_DECODE_KV} > 0.9",
+        signals=(_DECODE_KV,),
         for_="10m",
         severity="warning",
         summary="{{ $labels.instance }}: decode KV cache over 90% full",
@@ -126,10 +139,8 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         name="PdxNoKvTransfers",
-        expr=(
-            f'sum by ({BY}) (rate(vllm:request_success_total{{{COMPONENT_LABEL}="decode"}}[10m])) > 0\n'
-            f"unless sum by ({BY}) (rate(vllm:nixl_xfer_time_seconds_count[10m])) > 0"
-        ),
+        expr=f"{_DECODED} > 0\nunless {_TRANSFERS} > 0",
+        signals=(_DECODED, _TRANSFERS),
         for_="10m",
         severity="critical",
         summary=f"{_INSTANCE}: decode serves requests but no NIXL transfer happened",
@@ -146,7 +157,8 @@ ALERTS: tuple[Alert, ...] = (
     # and its test exist when the counter does (docs/observability.md).
     Alert(
         name="PdxOperatorReconcileErrors",
-        expr="sum by (namespace) (increase(pdx_operator_reconcile_errors_total[15m])) > 0",
+        expr=f"{_RECONCILE_ERRORS} > 0",
+        signals=(_RECONCILE_ERRORS,),
         for_="15m",
         severity="warning",
         summary="{{ $labels.namespace }}: the pdx operator keeps failing to reconcile",
