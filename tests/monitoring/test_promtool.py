@@ -45,13 +45,15 @@ def reuse(hit: str, expired: str = "0x120", declined: str = "0x120", miss: str =
     )
 
 
-def requests(ok: str, client_error: str, server_error: str) -> Series:
+def requests(ok: str, client_error: str, server_error: str, probe_error: str = "0x60") -> Series:
     route = "/v1/chat/completions"
     return dict(
         [
             s("pdx_router_requests_total", ok, route=route, status="200"),
             s("pdx_router_requests_total", client_error, route=route, status="404"),
             s("pdx_router_requests_total", server_error, route=route, status="502"),
+            # A router that is not ready answers its readiness probe 503: no client saw it.
+            s("pdx_router_requests_total", probe_error, route="/ready", status="503"),
         ]
     )
 
@@ -86,10 +88,13 @@ CASES: dict[str, Case] = {
         eval_time="7m",
         labels=DI,
     ),
-    # 10% 502s; the quiet one has 19% 404s (a client's fault) and 1% 502s.
+    # 10% 502s; the quiet ones: 19% 404s (a client's fault) and 1% 502s; no errors but 503s to probes.
     "PdxRouterErrors": Case(
         firing=requests(ok="0+80x60", client_error="0+10x60", server_error="0+10x60"),
-        quiet=(requests(ok="0+80x60", client_error="0+19x60", server_error="0+1x60"),),
+        quiet=(
+            requests(ok="0+80x60", client_error="0+19x60", server_error="0+1x60"),
+            requests(ok="0+80x60", client_error="0x60", server_error="0x60", probe_error="0+30x60"),
+        ),
         eval_time="20m",
         labels=DI,
     ),

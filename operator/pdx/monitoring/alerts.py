@@ -54,9 +54,12 @@ _TURNS_WITH_ENTRY = _rate(f'{REUSE}{{outcome!="miss"}}', "15m")
 _INSTANCE = "{{ $labels.namespace }}/{{ $labels.pdx_instance }}"
 _LOST = _rate(REUSE + '{outcome=~"expired|declined"}', "15m")
 _MISMATCHES = f"sum by ({BY}) (increase(pdx_router_tokenize_mismatch_total[15m]))"
-_REQUESTS = f"sum by ({BY}) (rate(pdx_router_requests_total[5m]))"
+# Clients' inference requests only: a not-ready router's 503s to its readiness probe, and
+# Prometheus's own scrapes, are no client errors.
+_INFERENCE = 'route=~"/v1/(chat/)?completions"'
+_REQUESTS = f"sum by ({BY}) (rate(pdx_router_requests_total{{{_INFERENCE}}}[5m]))"
 # 0, not absent, while the router has answered no 5xx at all (no such series exists yet).
-_5XX = f'(sum by ({BY}) (rate(pdx_router_requests_total{{status=~"5.."}}[5m])) or 0 * {_REQUESTS})'
+_5XX = f'(sum by ({BY}) (rate(pdx_router_requests_total{{{_INFERENCE}, status=~"5.."}}[5m])) or 0 * {_REQUESTS})'
 _DECODE_KV = f'max by ({BY}, instance) (vllm:kv_cache_usage_perc{{{COMPONENT_LABEL}="decode"}})'
 _DECODED = f'sum by ({BY}) (rate(vllm:request_success_total{{{COMPONENT_LABEL}="decode"}}[10m]))'
 _TRANSFERS = f"sum by ({BY}) (rate(vllm:nixl_xfer_time_seconds_count[10m]))"
@@ -116,7 +119,7 @@ ALERTS: tuple[Alert, ...] = (
         signals=(_5XX, _REQUESTS),
         for_="5m",
         severity="critical",
-        summary=f"{_INSTANCE}: over 5% of the router's responses are 5xx",
+        summary=f"{_INSTANCE}: over 5% of the router's completions answers are 5xx",
         description=(
             "Clients get errors. pdx_router_upstream_errors_total{role} names the failing role: "
             "look at that role's engine logs and readiness (kubectl get pods -l "
