@@ -44,6 +44,7 @@ CASES: dict[str, dict[str, Any]] = {
         "grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "pdx"}},
         "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
     },
+    "misspelt": {"grafanaDashboard": {"enabled": True, "label": {"grafana_dashboard": "1"}}},
 }
 
 
@@ -103,3 +104,9 @@ def test_prometheus_rule_holds_the_generated_rules_verbatim(helm: dict[str, Any]
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     # Helm must not have read the rules' {{ $labels.x }} templates as its own.
     assert rule["spec"] == alerts.prometheus_rule(NAMESPACE)["spec"]
+
+
+def test_a_misspelt_dashboard_key_fails_install_naming_it(helm: dict[str, Any]) -> None:
+    install = helm["cases"]["misspelt"]["install"]
+    assert not install["ok"]
+    assert "grafanaDashboard" in install["error"] and "label" in install["error"]
