@@ -13,6 +13,8 @@ scripts/setup-helm-env.sh
 if ! command -v redis-server >/dev/null; then
   (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null
 fi
+# The alert rules are tested with promtool, and scraped by a real Prometheus (Debian's).
+command -v promtool >/dev/null || (apt-get update -qq && apt-get install -y -qq prometheus) >/dev/null
 # The operator and router images, built with buildah (cached); tests/images runs them. Exit 3:
 # buildah cannot be installed here, and the image tests skip saying so.
 scripts/build-images.sh || [ $? -eq 3 ]

@@ -103,6 +103,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="output directory")
     p.add_argument("--state-dir", type=Path, help="local: state directory of the topology")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
+    p.add_argument("--prometheus", metavar="URL", help="also read each leg's figures from this Prometheus")
     p.add_argument("--rollout-timeout", type=float, default=1800.0, help="cluster: seconds to wait for a rollout")
     p.add_argument("--in-cluster", action="store_true", help="print a Job (and its RBAC) that runs this in the cluster")
     p.add_argument("--image", help="--in-cluster: image with pdx installed")
@@ -166,7 +167,7 @@ def _bench_args(args: argparse.Namespace) -> list[str]:
     if args.legs:
         names = {False: "off", True: "on", None: "run"}
         out += ["--legs", ",".join(names[v] for v in args.legs)]
-    for flag, value in (("--model", args.model), ("--router-url", args.router_url)):
+    for flag, value in (("--model", args.model), ("--router-url", args.router_url), ("--prometheus", args.prometheus)):
         if value:
             out += [flag, value]
     for flag, on in (("--no-fixed-output", args.no_fixed_output), ("--no-warmup", args.no_warmup)):
@@ -254,10 +255,18 @@ def main(args: argparse.Namespace) -> int:
     cfg = SweepConfig(
         lengths=args.lengths, spec=spec, legs=legs, warmup=not args.no_warmup, timeout_s=args.timeout, model=args.model
     )
-    return execute(target, cfg, args.out, _counter_for(args))
+    instance = (args.name or (doc or {}).get("metadata", {}).get("name")) if args.cluster else None
+    return execute(target, cfg, args.out, _counter_for(args), prometheus=args.prometheus, instance=instance)
 
 
-def execute(target: Target, cfg: SweepConfig, out: Path, counter_for: Any) -> int:
+def execute(
+    target: Target,
+    cfg: SweepConfig,
+    out: Path,
+    counter_for: Any,
+    prometheus: str | None = None,
+    instance: str | None = None,
+) -> int:
     """Run the sweep with a progress bar, write records, plots and report, print the table."""
     from tqdm import tqdm
 
@@ -269,7 +278,10 @@ def execute(target: Target, cfg: SweepConfig, out: Path, counter_for: Any) -> in
         if rec is not None:
             bar.set_postfix(prefix=rec.prefix_tokens, ttft=f"{rec.ttft_ms:.0f}ms", reuse=rec.reuse or "-")
 
+    leg_started: dict[str, float] = {}
+
     def leg_start(leg: str) -> None:
+        leg_started[leg] = time.time()
         bar.set_description(f"leg {leg}")
         bar.refresh()
 
@@ -300,6 +312,11 @@ def execute(target: Target, cfg: SweepConfig, out: Path, counter_for: Any) -> in
     for attr in ("start_seconds", "rollout_seconds"):
         for leg_name, secs in getattr(target, attr, {}).items():
             context[f"{leg_name} leg ready after"] = f"{secs:.0f} s"
+    if prometheus:
+        from .prometheus import context as prometheus_context
+        from .prometheus import windows
+
+        context.update(prometheus_context(prometheus, windows(leg_started, time.time()), instance))
     for leg_name, peaks in getattr(target, "peak_rss_mib", {}).items():
         context[f"{leg_name} leg peak RSS"] = ", ".join(f"{name} {mib / 1024:.2f} GiB" for name, mib in peaks.items())
     source = sorted({r.kv_transfer_source for r in records if r.kv_transfer_source})

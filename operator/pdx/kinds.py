@@ -34,6 +34,9 @@ CHILDREN: tuple[Kind, ...] = (
     Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
     Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
     Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
+    # Rendered only with spec.monitoring.podMonitors; listing it where the Prometheus Operator
+    # is not installed finds nothing (a 404 is an empty list), so such clusters are unaffected.
+    Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
 )
 RESOURCE = Kind(API_VERSION, KIND, PLURAL)
 POD = Kind("v1", "Pod", "pods")  # read for readiness and the endpoints file

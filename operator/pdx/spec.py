@@ -441,6 +441,12 @@ class NetworkSpec(_Spec):
     (every address but private, shared, loopback and link-local ranges, so never the node's
     metadata service); `[]`: none (weights already on the model cache PVC; set HF_HUB_OFFLINE=1
     in the roles' env so vLLM does not try)."""
+class MonitoringSpec(_Spec):
+    """Scraping by the Prometheus Operator (docs/observability.md)."""
+
+    pod_monitors: bool = False
+    """Render a PodMonitor (monitoring.coreos.com/v1) for the engines' and the router's /metrics.
+    Needs the Prometheus Operator's CRDs; off, nothing of theirs is rendered."""
 
 
 class DisaggregatedInferenceSpec(_Spec):
@@ -472,6 +478,8 @@ class DisaggregatedInferenceSpec(_Spec):
     network: NetworkSpec = Field(default_factory=NetworkSpec)
     """Extra peers of the rendered NetworkPolicies: the router's clients, metrics scrapers,
     the operator, the model download."""
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
+    """Metrics scraping."""
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> DisaggregatedInferenceSpec:

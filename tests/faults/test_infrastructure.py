@@ -323,10 +323,9 @@ async def test_router_process_killed_mid_run_restarts_on_redis_and_reuses(
     Turns in flight end with an error the client can tell from an answer; the entries the
     router stored in Redis before the kill are reused by the router that comes back."""
     s = await make_stack(routers=0, decode_opts={"output_tokens": 40})
-    engines = ["--prefill", s.prefill_urls[0], "--decode", s.decode_urls[0]]
-    router = RouterProcess(
-        [*engines, "--model", "Qwen", "--generation", "g1", "--threshold", "8", "--redis-url", redis_server.url]
-    )
+    engines = ["--prefill", s.prefill_urls[0], "--decode", s.decode_urls[0], "--redis-url", redis_server.url]
+    trusted = ["--tenancy", "single", "--reuse-headers"]  # one client that reads the reuse facts
+    router = RouterProcess([*engines, "--model", "Qwen", "--generation", "g1", "--threshold", "8", *trusted])
     router_processes.append(router)
     await router.start()
     idle = [Conversation(f"restart-idle-{i}") for i in range(3)]  # between turns at the kill

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdx.render import autoscaling, engines, policies, router
+from pdx.render import autoscaling, engines, monitoring, policies, router
 from pdx.render.meta import ROLES, config_hash
 from pdx.render.router import ready_engine
 from pdx.resource import Target
@@ -33,4 +33,5 @@ def render(target: Target, endpoints: list[PublishedEndpoint] | None = None) -> 
     out.extend(policies.network_policies(target))
     out.extend(policies.disruption_budgets(target))
     out.extend(autoscaling.autoscalers(target))
+    out.extend(monitoring.pod_monitors(target))
     return out

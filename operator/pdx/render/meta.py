@@ -32,6 +32,7 @@ def config_hash(target: Target) -> str:
     doc = target.spec.model_dump(by_alias=True, exclude_none=True, mode="json")
     doc.pop("router", None)
     doc.pop("network", None)  # NetworkPolicies only: the pods stay as they are
+    doc.pop("monitoring", None)  # scraping is no engine config: turning it on must not roll them
     for role in ROLES:
         doc[role].pop("replicas", None)
         doc[role].pop("autoscaling", None)  # scale, too

@@ -1,0 +1,149 @@
+"""pdx bench --prometheus: the leg's figures, read back from a real Prometheus (Debian's).
+
+Prometheus scrapes, every second, a loopback endpoint serving the router's real metrics
+registry (pdx_router.metrics.Metrics) plus a NIXL histogram; the test records known turns on
+it and reads the figures over the window that holds them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import generate_latest
+
+from pdx.local.topology import free_port
+from pdx_bench import prometheus
+from pdx_router.metrics import Metrics
+from pdx_router.policy import Outcome
+
+from .fakeserver import FakeRouter, ThreadedFake
+from .test_sweep_cli import _args
+
+PROMETHEUS = shutil.which("prometheus")
+pytestmark = [
+    pytest.mark.prometheus,
+    pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus: apt-get install prometheus (scripts/test.sh does)"),
+]
+
+
+class Exporter:
+    """The router's registry and a NIXL counter, served on /metrics."""
+
+    def __init__(self) -> None:
+        self.metrics = Metrics()
+        self.transfers = 0
+        exporter = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                nixl = f'vllm:nixl_xfer_time_seconds_count{{pdx_component="decode"}} {exporter.transfers}\n'
+                body = generate_latest(exporter.metrics.registry) + nixl.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.target = f"127.0.0.1:{self.server.server_address[1]}"
+
+
+@dataclass
+class Scraping:
+    url: str
+    exporter: Exporter
+
+
+def _up(url: str) -> bool:
+    try:
+        return prometheus.query(url, 'up{job="bench"} == 1', time.time()) == 1
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def scraping(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraping]:
+    assert PROMETHEUS is not None
+    tmp = tmp_path_factory.mktemp("prometheus")
+    exporter = Exporter()
+    static = [{"targets": [exporter.target], "labels": {"pdx_instance": "qwen"}}]
+    config = {"global": {"scrape_interval": "1s"}, "scrape_configs": [{"job_name": "bench", "static_configs": static}]}
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _up(url):
+            assert time.monotonic() < deadline, "prometheus did not scrape the exporter"
+            time.sleep(0.3)
+        yield Scraping(url, exporter)
+    finally:
+        server.terminate()
+        server.wait(20)
+        exporter.server.shutdown()
+
+
+def test_a_legs_figures_are_the_turns_it_recorded(scraping: Scraping) -> None:
+    m = scraping.exporter.metrics
+    time.sleep(2.5)  # counters scraped at zero inside the window
+    start = time.time() - 2
+    for outcome, tokens in [(Outcome.HIT, 100), (Outcome.HIT, 100), (Outcome.HIT, 100), (Outcome.EXPIRED, 0)]:
+        m.outcome(outcome, tokens)
+        m.outcome(Outcome.MISS)
+        m.ttft.observe(0.2)
+        scraping.exporter.transfers += 5
+        time.sleep(0.6)
+    time.sleep(2.5)  # the last turn scraped
+    end = time.time()
+    got = prometheus.read(scraping.url, start, end, instance="qwen")
+    assert got["hit rate"] == pytest.approx(0.75, abs=0.01)  # misses had no entry: not counted
+    assert got["reused tokens per hit"] == pytest.approx(100, abs=1)
+    assert got["router TTFT p50 (ms)"] is not None and 100 <= got["router TTFT p50 (ms)"] <= 250
+    assert got["NIXL transfers"] is not None and 15 <= got["NIXL transfers"] <= 30
+    assert got["NIXL MiB"] is None  # nothing exported: said, not shown as 0
+    # Another instance's figures are not these.
+    assert prometheus.read(scraping.url, start, end, instance="other")["hit rate"] is None
+
+
+def test_the_report_carries_the_figures_of_the_leg(scraping: Scraping, tmp_path: Path) -> None:
+    with ThreadedFake(FakeRouter(first_token_delay=0.0, token_delay=0.0)) as fake:
+        args = _args(
+            "--url", fake.url, "--lengths", "50", "--turns", "2", "--conversations", "1", "--user-tokens", "3",
+            "--tool-tokens", "3", "--output-tokens", "2", "--out", str(tmp_path), "--no-warmup",
+            "--prometheus", scraping.url,
+        )  # fmt: skip
+        assert args.run(args) == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "Prometheus, leg run" in report and "hit rate" in report
+
+
+def test_an_unreachable_prometheus_is_named_not_fatal() -> None:
+    lines = prometheus.context(f"http://127.0.0.1:{free_port()}", {"on": (time.time() - 10, time.time())})
+    assert lines["Prometheus, leg on"].startswith("not read from http://127.0.0.1:")
+
+
+def test_legs_run_from_their_start_to_the_next() -> None:
+    assert prometheus.windows({"on": 20.0, "off": 10.0}, 35.0) == {"off": (10.0, 20.0), "on": (20.0, 35.0)}
