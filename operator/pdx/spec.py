@@ -565,6 +565,9 @@ class RoleStatus(_Status):
     """Desired pods."""
     updated: int = 0
     """Pods already on the config hash in force."""
+    draining: int = 0
+    """Decode pods on their way out that still answer: their conversations' next turns read
+    the KV they hold and move to another decode (at most the router's entry deadline)."""
     summary: str = "0/0"
     """ready/desired, for printer columns."""
 

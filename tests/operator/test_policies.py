@@ -161,6 +161,18 @@ def test_a_decode_on_its_way_out_is_published_as_draining_while_it_still_answers
     assert [(e.name, e.draining) for e in eps] == [("decode-g-0", False), ("decode-g-1", True), ("prefill-g-0", False)]
 
 
+def test_a_scale_down_waiting_for_a_drain_says_so_in_status() -> None:
+    obs = fleet("g", 2, 1, desired=(2, 1, 1))
+    leaving = PodView(name="decode-g-1", role="decode", generation="g", ready=True, ip="10.0.0.8", terminating=True)
+    st = status.compute(replace(obs, pods=[*obs.pods, leaving]), None, "t")
+    assert st.decode is not None and st.decode.draining == 1 and st.decode.summary == "1/1"
+    progressing = conds(st)["Progressing"]
+    assert (progressing.status, progressing.reason) == ("True", "Draining")
+    assert progressing.message.startswith("decode-g-1 draining: waiting until no conversation's KV is left there")
+    done = status.compute(obs, None, "t")
+    assert done.decode is not None and done.decode.draining == 0 and conds(done)["Progressing"].status == "False"
+
+
 def test_no_pods_publishes_nothing_for_target() -> None:
     assert rollout.endpoints([], "g") == ("g", [])
 

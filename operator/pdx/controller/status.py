@@ -62,7 +62,8 @@ def role_status(pods: Sequence[PodView], role: str, desired: int, config_hash: s
         updated = sum(1 for p in mine if config_hash is not None and p.generation == config_hash)
     else:  # the router has no engine config generation; its own rollout is the Deployment's
         updated = ready
-    return RoleStatus(ready=ready, desired=desired, updated=updated, summary=f"{ready}/{desired}")
+    draining = sum(1 for p in pods if p.role == role and p.draining)
+    return RoleStatus(ready=ready, desired=desired, updated=updated, draining=draining, summary=f"{ready}/{desired}")
 
 
 def _available(kind: str, rs: RoleStatus) -> tuple[bool, str, str]:
@@ -120,8 +121,12 @@ def compute(obs: Observation, previous: DisaggregatedInferenceStatus | None, now
         for r in (*ROLES, "router")
         if roles[r].ready != roles[r].desired or (r in ROLES and roles[r].updated != roles[r].desired)
     ]
+    draining = sorted(p.name for p in obs.pods if p.draining)
     if rolling:
         progressing = (True, "RollingOut", f"moving prefill and decode to config {h}: " + "; ".join(behind))
+    elif draining:
+        why = "waiting until no conversation's KV is left there (at most the router's entry deadline)"
+        progressing = (True, "Draining", f"{', '.join(draining)} draining: {why}")
     elif behind:
         progressing = (True, "Scaling", "; ".join(behind))
     else:
