@@ -68,7 +68,8 @@ INVALID_CASES: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 
-def _run_helm(cases: dict[str, dict[str, Any]], tmp: Path) -> dict[str, Any]:
+def run_helm(cases: dict[str, dict[str, Any]], tmp: Path, chart: Path = CHART) -> dict[str, Any]:
+    """Install each case of values with the real Helm library (helm_check.py in .venv-helm)."""
     if not HELM_PYTHON.exists():
         pytest.skip("no .venv-helm: run `bash scripts/setup-helm-env.sh` (Python 3.12 + helm-sdkpy) first")
     env = {
@@ -81,7 +82,7 @@ def _run_helm(cases: dict[str, dict[str, Any]], tmp: Path) -> dict[str, Any]:
     }
     payload = {"cases": {name: {"values": values, "namespace": NAMESPACE} for name, values in cases.items()}}
     proc = subprocess.run(
-        [str(HELM_PYTHON), str(HELM_CHECK), str(CHART)],
+        [str(HELM_PYTHON), str(HELM_CHECK), str(chart)],
         input=json.dumps(payload),
         capture_output=True,
         text=True,
@@ -97,7 +98,7 @@ def _run_helm(cases: dict[str, dict[str, Any]], tmp: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def helm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cases = {**VALID_CASES, **{f"invalid: {k}": v for k, (v, _) in INVALID_CASES.items()}}
-    return _run_helm(cases, tmp_path_factory.mktemp("helm-home"))
+    return run_helm(cases, tmp_path_factory.mktemp("helm-home"))
 
 
 def _case(helm: dict[str, Any], name: str) -> dict[str, Any]:

@@ -8,9 +8,7 @@ where that operator is installed.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 from typing import Any
 
 import kubernetes_validate
@@ -18,7 +16,7 @@ import pytest
 import yaml
 
 from pdx.monitoring import alerts, dashboard
-from tests.chart.test_chart import CHART, HELM_CHECK, HELM_PYTHON, KUBE_VERSION, NAMESPACE
+from tests.chart.test_chart import CHART, HELM_PYTHON, KUBE_VERSION, NAMESPACE, run_helm
 
 PROMETHEUS_RULE_CRD = {
     "apiVersion": "apiextensions.k8s.io/v1",
@@ -56,25 +54,7 @@ def helm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     chart = tmp / CHART.name
     shutil.copytree(CHART, chart)
     (chart / "crds" / "zz-prometheusrule-standin.yaml").write_text(yaml.safe_dump(PROMETHEUS_RULE_CRD))
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": str(tmp),
-        "XDG_CACHE_HOME": str(tmp / "cache"),
-        "HELM_DRIVER": "memory",
-    }
-    payload = {"cases": {n: {"values": v, "namespace": NAMESPACE} for n, v in CASES.items()}}
-    proc = subprocess.run(
-        [str(HELM_PYTHON), str(HELM_CHECK), str(chart)],
-        input=json.dumps(payload),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result: dict[str, Any] = json.loads(proc.stdout)
-    return result
+    return run_helm(CASES, tmp, chart)
 
 
 def _rendered(helm: dict[str, Any], case: str) -> list[dict[str, Any]]:
