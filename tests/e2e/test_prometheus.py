@@ -49,7 +49,7 @@ NO_LOCAL_DATA: dict[str, str] = {
     ),
     alerts.hit_rate("15m", "1h"): "the hit rate an hour ago: the run is a few minutes long",
     "sum by (namespace) (increase(pdx_operator_reconcile_errors_total[15m]))": (
-        "the operator does not export pdx_operator_reconcile_errors_total yet, and does not run locally"
+        "the operator does not run in pdx local (its own /metrics: tests/operator/test_metrics.py)"
     ),
 }
 SYSTEM = {"role": "system", "content": "You are a coding agent. " + text(1, 200)}

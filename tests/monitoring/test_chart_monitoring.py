@@ -18,7 +18,7 @@ import yaml
 from pdx.monitoring import alerts, dashboard
 from tests.chart.test_chart import CHART, HELM_PYTHON, KUBE_VERSION, NAMESPACE, run_helm
 
-PROMETHEUS_RULE_CRD = {
+PROMETHEUS_RULE_CRD: dict[str, Any] = {
     "apiVersion": "apiextensions.k8s.io/v1",
     "kind": "CustomResourceDefinition",
     "metadata": {"name": "prometheusrules.monitoring.coreos.com"},
@@ -36,8 +36,17 @@ PROMETHEUS_RULE_CRD = {
         ],
     },
 }
+SERVICE_MONITOR_CRD = {
+    **PROMETHEUS_RULE_CRD,
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {
+        **PROMETHEUS_RULE_CRD["spec"],
+        "names": {"kind": "ServiceMonitor", "plural": "servicemonitors", "singular": "servicemonitor"},
+    },
+}
 CASES: dict[str, dict[str, Any]] = {
     "defaults": {},
+    "operator scraped": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kps"}}}},
     "both": {
         "grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "pdx"}},
         "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
@@ -54,6 +63,7 @@ def helm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     chart = tmp / CHART.name
     shutil.copytree(CHART, chart)
     (chart / "crds" / "zz-prometheusrule-standin.yaml").write_text(yaml.safe_dump(PROMETHEUS_RULE_CRD))
+    (chart / "crds" / "zz-servicemonitor-standin.yaml").write_text(yaml.safe_dump(SERVICE_MONITOR_CRD))
     return run_helm(CASES, tmp, chart)
 
 
@@ -84,6 +94,18 @@ def test_prometheus_rule_holds_the_generated_rules_verbatim(helm: dict[str, Any]
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     # Helm must not have read the rules' {{ $labels.x }} templates as its own.
     assert rule["spec"] == alerts.prometheus_rule(NAMESPACE)["spec"]
+
+
+def test_the_operators_service_monitor_scrapes_its_metrics_service_only_when_asked(helm: dict[str, Any]) -> None:
+    assert "ServiceMonitor" not in {o["kind"] for o in _rendered(helm, "defaults")}
+    objs = _rendered(helm, "operator scraped")
+    (monitor,) = [o for o in objs if o["kind"] == "ServiceMonitor"]
+    (service,) = [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"].endswith("-metrics")]
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    assert all(service["metadata"]["labels"].get(k) == v for k, v in service["spec"]["selector"].items())
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == service["spec"]["ports"][0]["name"] == "metrics"
 
 
 def test_a_misspelt_dashboard_key_fails_install_naming_it(helm: dict[str, Any]) -> None:

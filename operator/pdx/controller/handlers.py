@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from typing import Any, cast
 import kopf
 
 from pdx import kinds, labels, rules
+from pdx.controller import metrics
 from pdx.controller.kube import ApiError, Kube, make_api_client
 from pdx.controller.rbac import PEERING_NAME
 from pdx.controller.reconcile import Outcome, StatsFetcher, reconcile
@@ -93,7 +95,16 @@ def _pass(memo: Any, namespace: str, name: str, *, stats: bool, wait: bool, logg
     fetch: StatsFetcher | None = getattr(memo, "fetch_stats", fetch_router_stats) if stats else None
 
     def once() -> Outcome | None:
-        outcome = reconcile(_kube(memo), namespace, name, fetch_stats=fetch)
+        t0 = time.perf_counter()
+        try:
+            outcome = reconcile(_kube(memo), namespace, name, fetch_stats=fetch)
+        except ApiError:
+            metrics.failed("api")
+            metrics.passed("failed", time.perf_counter() - t0)
+            raise
+        metrics.passed(_result(outcome), time.perf_counter() - t0)
+        if outcome is not None and outcome.error:
+            metrics.failed("apply")
         if outcome is not None:  # every pass reports its own actions, also the coalesced ones
             _gate((namespace, name)).written.update(outcome.versions)
             _post(outcome)
@@ -109,6 +120,16 @@ def _pass(memo: Any, namespace: str, name: str, *, stats: bool, wait: bool, logg
         return outcome
 
     return exclusive((namespace, name), once, wait=wait)
+
+
+def _result(outcome: Outcome | None) -> str:
+    if outcome is None:
+        return "gone"
+    if outcome.error:
+        return "failed"
+    if outcome.invalid:
+        return "invalid"
+    return "wrote" if outcome.writes else "idle"
 
 
 @kopf.on.startup()
@@ -130,6 +151,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     if getattr(memo, "kube", None) is None:
         memo.kube = Kube(make_api_client())
     rules.warm_up()
+    if getattr(memo, "metrics_port", None) is None:
+        memo.metrics_port = metrics.serve()
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
