@@ -103,7 +103,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="output directory")
     p.add_argument("--state-dir", type=Path, help="local: state directory of the topology")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
-    p.add_argument("--prometheus", metavar="URL", help="also read each leg's figures from this Prometheus")
+    p.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="also read each leg's figures and draw the dashboard's panels from this Prometheus; "
+        "`local` (with the local target) starts Debian's prometheus on loopback to scrape each leg",
+    )
     p.add_argument("--rollout-timeout", type=float, default=1800.0, help="cluster: seconds to wait for a rollout")
     p.add_argument("--in-cluster", action="store_true", help="print a Job (and its RBAC) that runs this in the cluster")
     p.add_argument("--image", help="--in-cluster: image with pdx installed")
@@ -250,6 +255,34 @@ def main(args: argparse.Namespace) -> int:
         if limit and need > int(limit):
             print(f"pdx bench: the last turn needs about {need} tokens, over maxModelLen {limit}", file=sys.stderr)
             return 2
+        if args.prometheus == "local":
+            return _with_local_prometheus(args, doc, target, spec, legs)
+    if args.prometheus == "local":
+        print("pdx bench: --prometheus local scrapes the local target only; give a URL otherwise", file=sys.stderr)
+        return 2
+    return _run(args, doc, target, spec, legs)
+
+
+def _with_local_prometheus(
+    args: argparse.Namespace, doc: dict[str, Any], target: LocalTarget, spec: WorkloadSpec, legs: list[bool | None]
+) -> int:
+    from .localprom import PrometheusMissing, local_prometheus, scrape_targets
+
+    instance = doc.get("metadata", {}).get("name", "local")
+    try:
+        with local_prometheus() as prom:
+            target.on_ready = lambda ep: prom.scrape(scrape_targets(ep.router_url, ep.engine_urls, instance))
+            target.on_leg_end = prom.settle  # the leg's last counts scraped before its pods stop
+            args.prometheus = prom.url
+            return _run(args, doc, target, spec, legs)
+    except PrometheusMissing as err:
+        print(f"pdx bench: --prometheus local: {err}", file=sys.stderr)
+        return 2
+
+
+def _run(
+    args: argparse.Namespace, doc: dict[str, Any] | None, target: Target, spec: WorkloadSpec, legs: list[bool | None]
+) -> int:
     if args.model is None and doc is not None:
         args.model = served_model_name(doc)
     cfg = SweepConfig(
@@ -316,7 +349,17 @@ def execute(
         from .prometheus import context as prometheus_context
         from .prometheus import windows
 
-        context.update(prometheus_context(prometheus, windows(leg_started, time.time()), instance))
+        legs_at = windows(leg_started, time.time())
+        context.update(prometheus_context(prometheus, legs_at, instance))
+        try:
+            from .panels import draw
+
+            counts = draw(prometheus, legs_at, out / "dashboard.png")
+            files["dashboard"] = out / "dashboard.png"
+            empty = [title for title, n in counts.items() if not n]
+            context["dashboard panels without data"] = ", ".join(empty) or "none"
+        except OSError as err:
+            context["dashboard panels"] = f"not drawn from {prometheus}: {err}"
     for leg_name, peaks in getattr(target, "peak_rss_mib", {}).items():
         context[f"{leg_name} leg peak RSS"] = ", ".join(f"{name} {mib / 1024:.2f} GiB" for name, mib in peaks.items())
     source = sorted({r.kv_transfer_source for r in records if r.kv_transfer_source})

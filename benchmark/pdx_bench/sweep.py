@@ -93,11 +93,18 @@ class LocalTarget:
     """The CR run as local processes by `pdx.local`; each leg re-renders and restarts them."""
 
     def __init__(
-        self, document: dict[str, Any], state_dir: Path | None = None, factory: TopologyFactory | None = None
+        self,
+        document: dict[str, Any],
+        state_dir: Path | None = None,
+        factory: TopologyFactory | None = None,
+        on_ready: Callable[[Endpoints], None] | None = None,
+        on_leg_end: Callable[[], None] | None = None,
     ) -> None:
         self.document = document
         self.state_dir = state_dir
         self.factory = factory or _local_topology
+        self.on_ready = on_ready  # each leg's engines and router, once they serve (e.g. to scrape them)
+        self.on_leg_end = on_leg_end  # while they still serve, after the leg's last turn
         self.description = f"local topology of {document.get('metadata', {}).get('name', '?')}"
         self.start_seconds: dict[str, float] = {}
         self.peak_rss_mib: dict[str, dict[str, float]] = {}
@@ -109,13 +116,18 @@ class LocalTarget:
         with self.factory(doc, self.state_dir) as topo:
             self.start_seconds[_leg(bidirectional)] = time.monotonic() - t0
             try:
-                yield Endpoints(
+                endpoints = Endpoints(
                     router_url=str(topo.router_url),
                     engine_urls={k: list(v) for k, v in dict(topo.engine_urls).items()},
                     model_dir=Path(topo.model_dir),
                     served_model_name=served_model_name(doc),
                 )
+                if self.on_ready is not None:
+                    self.on_ready(endpoints)
+                yield endpoints
             finally:  # read while the processes still run
+                if self.on_leg_end is not None:
+                    self.on_leg_end()
                 self.peak_rss_mib[_leg(bidirectional)] = dict(topo.peak_rss_mib())
 
 

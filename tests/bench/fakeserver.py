@@ -11,6 +11,10 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from prometheus_client import generate_latest
+
+from pdx_router.metrics import Metrics
+from pdx_router.policy import Outcome
 
 
 @dataclass
@@ -27,6 +31,7 @@ class FakeRouter:
     xfer_seconds: float = 0.0
     xfer_count: int = 0
     reuse_headers: bool = True  # off: as a deployment without router.reuseHeaders
+    router_metrics: Metrics = field(default_factory=Metrics)  # the router's own, on /metrics
 
     def prompt_tokens(self, body: dict[str, Any]) -> int:
         return sum(len(m["content"].split()) + 4 for m in body["messages"]) + 3
@@ -41,6 +46,7 @@ class FakeRouter:
         if self.fail_turn == turn:
             return web.json_response({"error": {"message": "boom"}}, status=500)
         hit = turn > 1 and self.bidirectional
+        self.router_metrics.outcome(Outcome.HIT if hit else Outcome.MISS, 96 if hit else 0)
         if hit:  # the D->P read prefill would do, as its NIXL histogram would count it
             self.xfer_seconds += 0.004
             self.xfer_count += 1
@@ -83,7 +89,9 @@ class FakeRouter:
             f'vllm:nixl_bytes_transferred_count{{engine="0",model_name="m"}} {self.xfer_count}.0\n'
             f'vllm:nixl_bytes_transferred_sum{{engine="0",model_name="m"}} {self.xfer_count * 1024.0}\n'
         )
-        return web.Response(text=text, content_type="text/plain")
+        return web.Response(
+            text=text + generate_latest(self.router_metrics.registry).decode(), content_type="text/plain"
+        )
 
     async def models(self, _req: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})

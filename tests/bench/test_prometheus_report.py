@@ -22,12 +22,12 @@ import yaml
 from prometheus_client import generate_latest
 
 from pdx.local.topology import free_port
-from pdx_bench import prometheus
+from pdx_bench import panels, prometheus
 from pdx_router.metrics import Metrics
 from pdx_router.policy import Outcome
 
 from .fakeserver import FakeRouter, ThreadedFake
-from .test_sweep_cli import _args
+from .test_sweep_cli import EXAMPLE, FakeTopology, _args
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [
@@ -138,6 +138,39 @@ def test_the_report_carries_the_figures_of_the_leg(scraping: Scraping, tmp_path:
         assert args.run(args) == 0
     report = (tmp_path / "report.md").read_text()
     assert "Prometheus, leg run" in report and "hit rate" in report
+
+
+def test_a_local_run_scraped_by_its_own_prometheus_reports_and_draws_each_leg(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pdx bench --local --prometheus local`: each leg's pods scraped as they come up."""
+    monkeypatch.setattr("pdx_bench.sweep._local_topology", FakeTopology)
+    out = tmp_path / "out"
+    args = _args(
+        "-f", str(EXAMPLE), "--local", "--lengths", "200", "--turns", "3", "--conversations", "2",
+        "--user-tokens", "5", "--tool-tokens", "5", "--output-tokens", "3", "--out", str(out), "--no-warmup",
+        "--prometheus", "local",
+    )  # fmt: skip
+    assert args.run(args) == 0
+    report = (out / "report.md").read_text()
+    on = next(line for line in report.splitlines() if "Prometheus, leg on" in line)
+    off = next(line for line in report.splitlines() if "Prometheus, leg off" in line)
+    assert "hit rate 1" in on and "hit rate no data" in off  # off: every turn a miss, none with an entry
+    assert (out / "dashboard.png").read_bytes()[:4] == b"\x89PNG"
+    assert "dashboard panels without data" in report
+
+
+def test_the_panels_are_drawn_from_the_legs_series(scraping: Scraping, tmp_path: Path) -> None:
+    m = scraping.exporter.metrics
+    start = time.time() - 1
+    for _ in range(4):
+        m.outcome(Outcome.HIT, 50)
+        time.sleep(0.5)
+    time.sleep(2.5)
+    counts = panels.draw(scraping.url, {"on": (start, time.time())}, tmp_path / "d.png", step=1)
+    assert counts["Reuse outcomes"] >= 1 and counts["KV cache usage"] == 0  # no engine exported it
+    assert (tmp_path / "d.png").read_bytes()[:4] == b"\x89PNG"
+    assert panels.legend("{{outcome}} of {{pdx_instance}}", {"outcome": "hit"}) == "hit of "
 
 
 def test_an_unreachable_prometheus_is_named_not_fatal() -> None:
