@@ -122,6 +122,7 @@ class EngineOptions:
     first_token_delay: float = 0.0
     token_delay: float = 0.0
     output_tokens: int = 8
+    served_model: str = "Qwen"  # what /v1/models names (a gateway discovers the model there)
     kv_in_stream: bool = True  # vLLM 0.33 puts kv_transfer_params on the final chunk
     fail_reads: bool = False  # answer 500 to any D->P read (kv_load_failure_policy: fail)
     tokenize_differs: bool = False  # /tokenize renders unlike the chat endpoint
@@ -162,6 +163,8 @@ class FakeEngine:
         r.add_post("/tokenize", self.tokenize)
         r.add_get("/health", self.health)
         r.add_get("/metrics", self.metrics)
+        r.add_get("/lag", self.lag)
+        r.add_get("/v1/models", self.models)
 
     # ------------------------------------------------------------ helpers
 
@@ -218,6 +221,18 @@ class FakeEngine:
             'cache_dtype="auto",engine="0"} 1.0\n'
         )
         return web.Response(text=text)
+
+    async def models(self, _req: web.Request) -> web.Response:
+        model = {"id": self.opts.served_model, "object": "model", "owned_by": "vllm", "max_model_len": 32768}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def lag(self, _req: web.Request) -> web.Response:
+        """The process's event-loop lag since the last ask (a benchmark checks the fakes are not
+        its bottleneck): max and p99 of how late a 10 ms timer fired, in ms; then reset."""
+        xs = sorted(LAGS)
+        LAGS.clear()
+        p99 = xs[min(len(xs) - 1, int(0.99 * len(xs)))] if xs else 0.0
+        return web.json_response({"samples": len(xs), "p99_ms": p99, "max_ms": xs[-1] if xs else 0.0})
 
     async def tokenize(self, req: web.Request) -> web.Response:
         body = await req.json(loads=orjson.loads)
@@ -480,6 +495,18 @@ async def start_engine(
     return engine, runner, f"http://{shown}:{bound}"
 
 
+LAGS: list[float] = []  # loop lag samples in ms (_sample_lag), read and reset by GET /lag
+
+
+async def _sample_lag(period: float = 0.01) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        t0 = loop.time()
+        await asyncio.sleep(period)
+        LAGS.append((loop.time() - t0 - period) * 1000)
+        del LAGS[:-100_000]
+
+
 async def _serve_pair(args: Any) -> None:
     cluster = Cluster(chat_tokens=ChatTokenizer.from_dir(args.tokenizer) if args.tokenizer else None)
     common = {
@@ -491,7 +518,7 @@ async def _serve_pair(args: Any) -> None:
     await start_engine(cluster, EngineOptions("prefill", "prefill-0", **common), port=args.prefill_port)
     await start_engine(cluster, EngineOptions("decode", "decode-0", **common), port=args.decode_port)
     print("fake engines ready", flush=True)
-    await asyncio.Event().wait()
+    await _sample_lag()
 
 
 def main() -> None:
