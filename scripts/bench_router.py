@@ -153,8 +153,10 @@ def agent_history(rng: random.Random) -> list[str]:
 async def conversation(
     s: aiohttp.ClientSession, turn: Turn, cid: str, turns: int, out: list[float], chunks: list[int], reuse: bool
 ) -> None:
-    rng = random.Random(cid.split("-", 1)[-1])  # every target sees the same histories
-    msgs: list[dict[str, str]] = [{"role": "user", "content": " ".join(agent_history(rng))}]
+    # Every target sees the same histories, each behind its own first word: the fakes memoise
+    # tokenization by text, so a history one target sent before would be cheaper for the next.
+    rng = random.Random(cid.split("-", 1)[-1])
+    msgs: list[dict[str, str]] = [{"role": "user", "content": cid + " " + " ".join(agent_history(rng))}]
     for i in range(turns):
         if THINK_MS:
             # Exponential pauses, seeded per conversation so every target sees the same ones.
