@@ -1,16 +1,23 @@
 #!/usr/bin/env python3
-"""Added TTFT of pdx-router vs talking to the engines directly, and vs vLLM's example proxy.
+"""pdx-router's cost beside the routers a platform team would otherwise pick, in one run.
 
-Fake engines (fixed delays, real protocol payloads, a real tokenizers word-level tokenizer
-with a ChatML template, built here) run in one subprocess, each router in its own, the load generator here.
-"pdx-router+tok" is pdx-router with its own tokenizer (--tokenizer): reused turns skip the
-/tokenize hop once it has matched the engine on 8 prompts (done in a warm-up pass).
-Conversations are multi-turn and streamed; "direct" does the two P/D hops itself, so
-(router TTFT - direct TTFT) is what the router adds. The upstream example
-proxy is taken from the vLLM sdist on PyPI at run time (never committed) and skipped with a
-reason if it cannot be obtained.
+Rows: "direct" (the client does both P/D hops itself: the floor), pdx-router plain (no
+conversation id) and with multi-turn reuse ("pdx-reuse"), vllm-router and smg (the Rust P/D
+routers, PyPI), and vLLM's example proxy. Same fake engines (fixed delays, real protocol
+payloads, a real word-level `tokenizers` tokenizer with a ChatML template, built here), same
+load generator: agent-shaped conversations whose history grows from 2-6k to about 8k tokens,
+48 streamed tokens a turn, in lockstep at each concurrency.
 
-    .venv/bin/python scripts/bench_router.py [--turns 5] [--upstream-proxy PATH]
+Per row: TTFT p50/p99 and what the router adds to direct's, req/s, the router's CPU per
+request (its process tree's utime+stime, minus its own idle cost measured before the load),
+CPU per relayed SSE chunk, and the fakes' CPU share and event-loop lag (if the lag grows, the
+fakes are the bottleneck, not the router).
+
+The peers are installed at run time into their own venv (--peers-venv, default
+~/.cache/pdx/peers/venv; never committed); a peer that cannot be installed or started is a
+row saying why. The example proxy comes from the vLLM sdist, likewise at run time.
+
+    .venv/bin/python scripts/bench_router.py [--turns 5] [--reps 2] [--baseline-src DIR]
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +45,10 @@ from pdx.local.topology import free_port  # ports no other socket can take first
 
 PY = sys.executable
 CACHE = Path(tempfile.gettempdir()) / "pdx-bench-upstream" / "disagg_proxy_multiturn.py"
-PLAIN = False  # --plain: no conversation id, so no store and no tokenize hop
 THINK_MS = 0.0  # --think-ms: mean pause between a turn's end and the next (agent tool time)
-FILLER = " ".join(f"word{i}" for i in range(300))
+OUTPUT_TOKENS = 48
+PEERS = Path.home() / ".cache" / "pdx" / "peers" / "venv"
+PEER_PINS = ("vllm-router==0.1.17", "smg==1.13.0")
 
 
 def get_upstream_proxy(explicit: str | None) -> tuple[Path | None, str]:
@@ -88,22 +97,24 @@ async def wait_http(url: str, timeout: float = 30) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-Turn = Callable[[aiohttp.ClientSession, dict[str, Any]], Awaitable[float]]
+Turn = Callable[[aiohttp.ClientSession, dict[str, Any]], Awaitable[tuple[float, int]]]
 
 
-async def first_token(resp: aiohttp.ClientResponse, t0: float) -> float:
-    """Time to the first chunk that carries generated text; drains the rest."""
-    ttft = 0.0
+async def first_token(resp: aiohttp.ClientResponse, t0: float) -> tuple[float, int]:
+    """Time to the first chunk that carries generated text, and the SSE events relayed."""
+    ttft, chunks = 0.0, 0
     async for line in resp.content:
-        if not ttft and line.startswith(b"data: {") and b'"content":"' in line and b'"content":""' not in line:
-            ttft = time.perf_counter() - t0
-    if resp.status != 200:
-        raise RuntimeError(f"HTTP {resp.status}")
-    return ttft
+        if line.startswith(b"data:"):
+            chunks += 1
+            if not ttft and b'"content":"' in line and b'"content":""' not in line:
+                ttft = time.perf_counter() - t0
+    if resp.status != 200 or not ttft:
+        raise RuntimeError(f"HTTP {resp.status}, {chunks} events, no content")
+    return ttft, chunks
 
 
 def via_proxy(url: str) -> Turn:
-    async def turn(s: aiohttp.ClientSession, body: dict[str, Any]) -> float:
+    async def turn(s: aiohttp.ClientSession, body: dict[str, Any]) -> tuple[float, int]:
         t0 = time.perf_counter()
         async with s.post(
             url + "/v1/chat/completions", data=orjson.dumps(body), headers={"Content-Type": "application/json"}
@@ -116,7 +127,7 @@ def via_proxy(url: str) -> Turn:
 def direct(prefill: str, decode: str) -> Turn:
     """The client does both hops itself: the floor any router is measured against."""
 
-    async def turn(s: aiohttp.ClientSession, body: dict[str, Any]) -> float:
+    async def turn(s: aiohttp.ClientSession, body: dict[str, Any]) -> tuple[float, int]:
         t0 = time.perf_counter()
         b = {k: v for k, v in body.items() if k != "conversation_id"}
         p = {
@@ -133,38 +144,66 @@ def direct(prefill: str, decode: str) -> Turn:
     return turn
 
 
-async def conversation(s: aiohttp.ClientSession, turn: Turn, cid: str, turns: int, out: list[float]) -> None:
-    msgs: list[dict[str, str]] = [{"role": "user", "content": f"{cid} {FILLER}"}]
-    rng = random.Random(cid)
+def agent_history(rng: random.Random) -> list[str]:
+    """An agent's context: a long first prompt (system, tools, files: 2-6k words), then each
+    turn a tool result of 200-500 words. Words of the bench tokenizer: one token each."""
+    return [f"word{rng.randrange(300)}" for _ in range(rng.randint(2000, 6000))]
+
+
+async def conversation(
+    s: aiohttp.ClientSession, turn: Turn, cid: str, turns: int, out: list[float], chunks: list[int], reuse: bool
+) -> None:
+    # Every target sees the same histories, each behind its own first word: the fakes memoise
+    # tokenization by text, so a history one target sent before would be cheaper for the next.
+    rng = random.Random(cid.split("-", 1)[-1])
+    msgs: list[dict[str, str]] = [{"role": "user", "content": cid + " " + " ".join(agent_history(rng))}]
     for i in range(turns):
         if THINK_MS:
             # Exponential pauses, seeded per conversation so every target sees the same ones.
             await asyncio.sleep(rng.expovariate(1000 / THINK_MS))
-        body: dict[str, Any] = {"model": "Qwen", "messages": msgs, "stream": True, "max_tokens": 16}
-        if not PLAIN:
+        body: dict[str, Any] = {"model": "Qwen", "messages": msgs, "stream": True, "max_tokens": OUTPUT_TOKENS}
+        if reuse:
             body["conversation_id"] = cid
-        out.append(await turn(s, body))
-        msgs = [*msgs, {"role": "assistant", "content": f"answer {i}"}, {"role": "user", "content": f"question {i}"}]
+        ttft, n = await turn(s, body)
+        out.append(ttft)
+        chunks.append(n)
+        tool = " ".join(f"word{rng.randrange(300)}" for _ in range(rng.randint(200, 500)))
+        msgs = [*msgs, {"role": "assistant", "content": f"answer {i}"}, {"role": "user", "content": tool}]
 
 
-async def run(turn: Turn, conc: int, turns: int, tag: str) -> tuple[list[float], float]:
+async def run(turn: Turn, conc: int, turns: int, tag: str, reuse: bool) -> tuple[list[float], list[int], float]:
     ttfts: list[float] = []
+    chunks: list[int] = []
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn) as s:
         # Warm at the measured concurrency: every hop then has its keep-alive connections,
         # and the first measured turn does not time TCP connects (the router makes one more
         # per conversation than a direct client, which a long-running router never pays).
-        await asyncio.gather(*(conversation(s, turn, f"warm-{tag}-{conc}-{i}", 2, []) for i in range(conc)))
+        await asyncio.gather(*(conversation(s, turn, f"warm{tag}-{i}", 2, [], [], reuse) for i in range(conc)))
         t0 = time.perf_counter()
-        await asyncio.gather(*(conversation(s, turn, f"{tag}-{conc}-{i}", turns, ttfts) for i in range(conc)))
+        await asyncio.gather(*(conversation(s, turn, f"{tag}-{i}", turns, ttfts, chunks, reuse) for i in range(conc)))
         wall = time.perf_counter() - t0
-    return ttfts, len(ttfts) / wall
+    return ttfts, chunks, len(ttfts) / wall
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (Linux /proc): the router's cost per turn."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def tree_cpu(pid: int) -> float:
+    """User + system CPU of a process and its descendants so far (Linux /proc; all threads,
+    and reaped children's): what a router costs, whatever it spawns."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            f = _stat(p)
+            total += int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -172,11 +211,9 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))] * 1000
 
 
-def router_cmd(port: int, prefill: int, decode: int, *extra: str) -> list[str]:
-    return [
-        PY,
-        "-m",
-        "pdx_router.main",
+def router_cmd(port: int, prefill: int, decode: int, *extra: str, profile: str | None = None) -> list[str]:
+    # --tenancy single: one trusted client (the benchmark), so reuse needs no API key.
+    args = [
         "--port",
         str(port),
         "--host",
@@ -189,13 +226,28 @@ def router_cmd(port: int, prefill: int, decode: int, *extra: str) -> list[str]:
         "Qwen",
         "--log-level",
         "WARNING",
+        "--tenancy",
+        "single",
+        "--reuse-headers",
         *extra,
     ]
+    if profile is None:
+        return [PY, "-m", "pdx_router.main", *args]
+    # cProfile in the router's process, written out when the benchmark stops it.
+    code = (
+        "import cProfile,os,signal,sys\n"
+        "from pdx_router.main import main\n"
+        "pr=cProfile.Profile()\n"
+        f"def stop(*_):\n pr.disable(); pr.dump_stats({profile!r}); os._exit(0)\n"
+        "signal.signal(signal.SIGTERM,stop)\n"
+        "pr.enable(); main(sys.argv[1:])\n"
+    )
+    return [PY, "-c", code, *args]
 
 
 def bench_tokenizer(root: Path) -> str:
-    """A word-level tokenizer for the benchmark's words: fast enough (~0.2 ms per prompt) that
-    the fake engines stay cheap, and a real tokenizer.json that pdx-router loads as it would a model's."""
+    """A word-level tokenizer for the benchmark's words: fast enough that the fake engines stay
+    cheap, and a real tokenizer.json that pdx-router loads as it would a model's."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
     from pdx.local.localmodel import CHAT_TEMPLATE
@@ -213,129 +265,218 @@ def bench_tokenizer(root: Path) -> str:
     return str(root)
 
 
+def peers_bin(venv: Path) -> tuple[Path | None, str]:
+    """The peers' venv, created and filled on first use (pip, pinned versions)."""
+    bin_dir = venv / "bin"
+    if all((bin_dir / exe).exists() for exe in ("vllm-router", "smg")):
+        return bin_dir, "cached"
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=120)
+        done = subprocess.run(
+            [str(bin_dir / "python"), "-m", "pip", "install", "-q", *PEER_PINS],
+            capture_output=True,
+            timeout=600,
+            check=False,
+        )
+    except (subprocess.SubprocessError, OSError) as exc:
+        return None, f"could not make the peers' venv: {exc}"
+    if done.returncode != 0:
+        return None, "pip install failed: " + done.stderr.decode(errors="replace").strip().splitlines()[-1][:200]
+    return bin_dir, "installed"
+
+
+async def ready_by_request(url: str, timeout: float = 60) -> None:
+    """Up when a small streamed chat turn gets through (the P/D hops included)."""
+    body = {"model": "Qwen", "messages": [{"role": "user", "content": "word1 word2"}], "stream": True, "max_tokens": 4}
+    deadline = time.time() + timeout
+    async with aiohttp.ClientSession() as s:
+        while time.time() < deadline:
+            try:
+                async with s.post(url + "/v1/chat/completions", json=body) as r:
+                    if r.status == 200 and b"[DONE]" in await r.read():
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.25)
+    raise RuntimeError(f"{url} did not route a turn within {timeout:g} s")
+
+
+async def register_smg_workers(url: str, prefill: str, decode: str) -> None:
+    await wait_http(url + "/health", timeout=60)
+    async with aiohttp.ClientSession() as s:
+        for worker, kind in ((prefill, "prefill"), (decode, "decode")):
+            body = {"url": worker, "worker_type": kind, "runtime": "vllm", "labels": {"kv_connector": "NixlConnector"}}
+            async with s.post(url + "/workers", json=body) as r:
+                if r.status >= 300:
+                    raise RuntimeError(f"POST /workers ({kind}): HTTP {r.status}: {(await r.text())[:200]}")
+
+
+@dataclass
+class Target:
+    name: str
+    turn: Turn
+    pid: int | None = None  # whose CPU is the row's (None: direct, the client itself)
+    reuse: bool = False  # send conversation ids (only pdx-router reuses across turns)
+    idle: float = 0.0  # CPU seconds per second when idle (health checks, polling)
+    skipped: str = ""  # why the row has no figures
+
+
+async def fake_lag(s: aiohttp.ClientSession, port: int) -> float:
+    async with s.get(f"http://127.0.0.1:{port}/lag") as r:
+        return float((await r.json())["p99_ms"])
+
+
 async def main_async(args: argparse.Namespace) -> None:
     tok_dir = Path(tempfile.mkdtemp(prefix="pdx-bench-tok-"))
     model = bench_tokenizer(tok_dir)
     procs: list[subprocess.Popen[bytes]] = []
-    pp, dp, rp, tp, up = free_port(), free_port(), free_port(), free_port(), free_port()
+    pp, dp = free_port(), free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+
+    def spawn(cmd: list[str], env: dict[str, str] = env, **kw: Any) -> int:
+        procs.append(subprocess.Popen(cmd, env=env, **{"stdout": subprocess.DEVNULL, **kw}))
+        return procs[-1].pid
+
+    P, D = f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}"
     try:
-        procs.append(
-            subprocess.Popen(
-                [
-                    PY,
-                    "-m",
-                    "pdx_router.testing.fake_engine",
-                    "--prefill-port",
-                    str(pp),
-                    "--decode-port",
-                    str(dp),
-                    "--prefill-delay",
-                    str(args.prefill_ms / 1000),
-                    "--tokenizer",
-                    model,
-                ],
-                env=env,
-                stdout=subprocess.DEVNULL,
-            )
+        engines_pid = spawn(
+            [
+                PY,
+                "-m",
+                "pdx_router.testing.fake_engine",
+                "--prefill-port",
+                str(pp),
+                "--decode-port",
+                str(dp),
+                "--prefill-delay",
+                str(args.prefill_ms / 1000),
+                "--output-tokens",
+                str(OUTPUT_TOKENS),
+                "--tokenizer",
+                model,
+            ]
         )
-        procs.append(subprocess.Popen(router_cmd(rp, pp, dp), env=env, stdout=subprocess.DEVNULL))
-        pids = {"pdx-router": procs[-1].pid}
-        procs.append(subprocess.Popen(router_cmd(tp, pp, dp, "--tokenizer", model), env=env, stdout=subprocess.DEVNULL))
-        pids["pdx-router+tok"] = procs[-1].pid
-        targets: dict[str, Turn] = {"direct": direct(f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}")}
+        targets: list[Target] = [Target("direct", direct(P, D))]
+        starting: list[tuple[Target, Awaitable[None]]] = []
+
+        def pdx(name: str, cmd_env: dict[str, str], *extra: str, profile: str | None = None) -> None:
+            port = free_port()
+            pid = spawn(router_cmd(port, pp, dp, *extra, profile=profile), env=cmd_env)
+            url = f"http://127.0.0.1:{port}"
+            plain, reuse = Target(name, via_proxy(url), pid), Target(name + "-reuse", via_proxy(url), pid, True)
+            targets.extend([plain, reuse])
+            starting.append((plain, wait_http(url + "/ready")))
+
         if args.baseline_src:
             # Another revision's router, from its source tree, beside this one in the same run.
             src = Path(args.baseline_src).resolve()
             base_env = {**env, "PYTHONPATH": os.pathsep.join(str(src / d) for d in ("router", "contract"))}
-            bp = free_port()
-            procs.append(subprocess.Popen(router_cmd(bp, pp, dp), env=base_env, stdout=subprocess.DEVNULL))
-            pids["pdx-router@base"] = procs[-1].pid
-            targets["pdx-router@base"] = via_proxy(f"http://127.0.0.1:{bp}")
-        targets |= {
-            "pdx-router": via_proxy(f"http://127.0.0.1:{rp}"),
-            "pdx-router+tok": via_proxy(f"http://127.0.0.1:{tp}"),
-        }
-        engines_pid = procs[0].pid
+            pdx("pdx@base", base_env)
+        pdx("pdx", env, profile=args.profile)
+        if args.tokenizer_row:
+            pdx("pdx+tok", env, "--tokenizer", model)
+            targets.pop(-2)  # its plain row is pdx's: only the reuse path uses the tokenizer
+
+        bin_dir, why = peers_bin(Path(args.peers_venv))
+        for name in ("vllm-router", "smg"):
+            if bin_dir is None:
+                targets.append(Target(name, direct(P, D), skipped=why))
+                continue
+            port, mport = free_port(), free_port()
+            common = ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1"]
+            common += ["--prometheus-port", str(mport)]
+            if name == "vllm-router":
+                cmd = [str(bin_dir / name), "--vllm-pd-disaggregation", "--prefill", P, "--decode", D, *common]
+                cmd += ["--prefill-policy", "round_robin", "--decode-policy", "round_robin"]
+            else:
+                cmd = [str(bin_dir / "smg"), "launch", "--pd-disaggregation", *common, "--policy", "round_robin"]
+            t = Target(name, via_proxy(f"http://127.0.0.1:{port}"), spawn(cmd, **quiet))
+            targets.append(t)
+            url = f"http://127.0.0.1:{port}"
+
+            async def up(url: str = url, smg: bool = name == "smg") -> None:
+                if smg:
+                    await register_smg_workers(url, P, D)
+                await ready_by_request(url)
+
+            starting.append((t, up()))
+
         path, why = get_upstream_proxy(args.upstream_proxy)
-        if path is not None:
-            procs.append(
-                subprocess.Popen(
-                    [
-                        PY,
-                        str(path),
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(up),
-                        "--prefiller-host",
-                        "127.0.0.1",
-                        "--prefiller-port",
-                        str(pp),
-                        "--decoder-host",
-                        "127.0.0.1",
-                        "--decoder-port",
-                        str(dp),
-                    ],
-                    env=env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
-            targets["vllm-example"] = via_proxy(f"http://127.0.0.1:{up}")
-            pids["vllm-example"] = procs[-1].pid
+        if path is None:
+            targets.append(Target("vllm-example", direct(P, D), skipped=why))
         else:
-            print(f"(c) vLLM example proxy skipped: {why}")
-        await wait_http(f"http://127.0.0.1:{pp}/health")
-        await wait_http(f"http://127.0.0.1:{rp}/ready")
-        await wait_http(f"http://127.0.0.1:{tp}/ready")
-        if args.baseline_src:
-            await wait_http(f"http://127.0.0.1:{bp}/ready")
-        if "vllm-example" in targets:
+            port = free_port()
+            cmd = [PY, str(path), "--host", "127.0.0.1", "--port", str(port), "--prefiller-host", "127.0.0.1"]
+            cmd += ["--prefiller-port", str(pp), "--decoder-host", "127.0.0.1", "--decoder-port", str(dp)]
+            t = Target("vllm-example", via_proxy(f"http://127.0.0.1:{port}"), spawn(cmd, **quiet))
+            targets.append(t)
+            starting.append((t, wait_http(f"http://127.0.0.1:{port}/health")))
+
+        await wait_http(P + "/health")
+        for t, ready in starting:
             try:
-                await wait_http(f"http://127.0.0.1:{up}/health")
-            except RuntimeError:
-                print("(c) vLLM example proxy skipped: it did not start")
-                del targets["vllm-example"]
+                await ready
+            except (RuntimeError, aiohttp.ClientError) as exc:
+                t.skipped = f"did not start: {exc}"
+        # Each router's idle cost (health checks, worker polling), all idle at once.
+        live = {t.pid for t in targets if t.pid and not t.skipped}
+        cpu0 = {pid: tree_cpu(pid) for pid in live}
+        await asyncio.sleep(args.idle_seconds)
+        idle = {pid: (tree_cpu(pid) - cpu0[pid]) / args.idle_seconds for pid in live}
+        for t in targets:
+            t.idle = idle.get(t.pid or 0, 0.0)
         print(
-            f"fake engines: prefill {args.prefill_ms} ms, decode 5 ms to first token, "
-            f"2 ms/token, 16 tokens; {args.turns} streamed turns per conversation"
+            f"fake engines (one process): prefill {args.prefill_ms:g} ms, decode 5 ms to first token, "
+            f"2 ms/token, {OUTPUT_TOKENS} tokens; histories of 2-6k tokens growing to ~8k; "
+            f"{args.turns} streamed turns per conversation"
             + (f", mean think time {THINK_MS:g} ms" if THINK_MS else ", no think time (lockstep)")
-            + "\n"
         )
-        # Probation: the router's tokenizer must match the engine on 8 whole prompts first.
-        await run(targets["pdx-router+tok"], 8, 1, "probation")
-        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{tp}/v1/pdx/stats") as r:
-            state = (await r.json())["routerTokenizer"]
-        print(f"pdx-router+tok: its tokenizer is {state} after the warm-up")
+        for t in targets:
+            if t.skipped:
+                print(f"  {t.name}: skipped, {t.skipped}")
+            elif t.pid:
+                print(f"  {t.name}: idle cost {t.idle * 1000:.2f} ms CPU per second (subtracted)")
+        if args.tokenizer_row and not any(t.skipped for t in targets if t.name == "pdx+tok-reuse"):
+            tok = next(t for t in targets if t.name == "pdx+tok-reuse")
+            await run(tok.turn, 8, 1, "probation", True)  # 8 matches: the tokenizer is trusted
         head = (
-            f"{'conc':>4} {'target':<13} {'TTFT p50':>9} {'p99':>8} {'added p50':>10} {'added p99':>10} "
-            f"{'req/s':>7} {'CPU ms/turn':>11} {'cores busy':>10}"
+            f"{'conc':>4} {'target':<15} {'TTFT p50':>8} {'p99':>7} {'added p50':>9} {'p99':>7} {'req/s':>6} "
+            f"{'CPU ms/req':>10} {'µs/chunk':>8} {'x pdx':>6} {'fakes cores':>11} {'lag p99':>7}"
         )
-        print(head)
-        print("-" * len(head))
-        for conc in args.concurrency:
-            base: tuple[float, float] | None = None
-            for name, turn in targets.items():
-                if args.only and name not in args.only and name != "direct":
-                    continue
-                pid = pids.get(name)
-                cpu0 = cpu_seconds(pid) if pid else 0.0
-                # The whole machine's share: load generator + fake engines + the proxy under test.
-                busy0 = cpu_seconds(os.getpid()) + cpu_seconds(engines_pid) + cpu0
-                wall0 = time.perf_counter()
-                ttfts, rps = await run(turn, conc, args.turns, name)
-                cpu1 = cpu_seconds(pid) if pid else 0.0
-                busy = (cpu_seconds(os.getpid()) + cpu_seconds(engines_pid) + cpu1 - busy0) / (
-                    time.perf_counter() - wall0
-                )
-                # Includes the warm-up turns (2 per conversation) the run also sent.
-                cpu = f"{(cpu1 - cpu0) * 1000 / (len(ttfts) + 2 * conc):>11.3f}" if pid else f"{'':>11}"
-                p50, p99 = pct(ttfts, 0.5), pct(ttfts, 0.99)
-                if base is None:
-                    base = (p50, p99)
-                added = "" if name == "direct" else f"{p50 - base[0]:>+10.2f} {p99 - base[1]:>+10.2f}"
-                print(f"{conc:>4} {name:<13} {p50:>9.2f} {p99:>8.2f} {added:>21} {rps:>7.1f} {cpu} {busy:>10.2f}")
+        for rep in range(args.reps):
+            print(f"\nrep {rep + 1}\n{head}\n" + "-" * len(head))
+            for conc in args.concurrency:
+                base: float | None = None
+                base99 = 0.0
+                pdx_cpu: float | None = None
+                for t in targets:
+                    if t.skipped or (args.only and t.name not in args.only and t.name != "direct"):
+                        continue
+                    async with aiohttp.ClientSession() as s:
+                        await fake_lag(s, pp)  # reset
+                        c0, e0, w0 = tree_cpu(t.pid) if t.pid else 0.0, tree_cpu(engines_pid), time.perf_counter()
+                        ttfts, chunks, rps = await run(t.turn, conc, args.turns, f"{t.name}{rep}-{conc}", t.reuse)
+                        wall = time.perf_counter() - w0
+                        lag = await fake_lag(s, pp)
+                    fakes = (tree_cpu(engines_pid) - e0) / wall
+                    p50, p99 = pct(ttfts, 0.5), pct(ttfts, 0.99)
+                    if base is None:
+                        base, base99 = p50, p99
+                    added = f"{'':>9} {'':>7}" if t.pid is None else f"{p50 - base:>+9.2f} {p99 - base99:>+7.2f}"
+                    cpu = per_chunk = ratio = ""
+                    if t.pid:
+                        n = len(ttfts) + 2 * conc  # the warm-up turns ran in the same window
+                        ms = ((tree_cpu(t.pid) - c0) - t.idle * wall) * 1000 / n
+                        if t.name == "pdx":
+                            pdx_cpu = ms
+                        cpu = f"{ms:.3f}"
+                        per_chunk = f"{ms * 1000 / (sum(chunks) / len(chunks)):.0f}"
+                        ratio = f"{ms / pdx_cpu:.2f}" if pdx_cpu else ""
+                    print(
+                        f"{conc:>4} {t.name:<15} {p50:>8.2f} {p99:>7.2f} {added} {rps:>6.1f} "
+                        f"{cpu:>10} {per_chunk:>8} {ratio:>6} {fakes:>11.2f} {lag:>7.1f}"
+                    )
     finally:
         for p in procs:
             p.terminate()
@@ -353,7 +494,11 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--prefill-ms", type=float, default=20.0)
     ap.add_argument("--upstream-proxy", help="path to disagg_proxy_multiturn.py (skips download)")
-    ap.add_argument("--plain", action="store_true", help="send no conversation id")
+    ap.add_argument("--reps", type=int, default=1, help="repeat every row this often (printed one after the other)")
+    ap.add_argument("--idle-seconds", type=float, default=5.0, help="how long each router's idle cost is measured")
+    ap.add_argument("--peers-venv", default=str(PEERS), help="venv for vllm-router and smg (made on first use)")
+    ap.add_argument("--tokenizer-row", action="store_true", help="also pdx-router with its own tokenizer (reuse)")
+    ap.add_argument("--profile", help="cProfile pdx-router (this revision's) into this file")
     ap.add_argument("--only", nargs="+", help="targets to run besides direct (default: all)")
     ap.add_argument("--think-ms", type=float, default=0.0, help="mean pause between turns (default: none)")
     ap.add_argument(
@@ -361,8 +506,8 @@ def main() -> None:
         help="source tree of another revision (git worktree add DIR REV): its router runs as pdx-router@base",
     )
     args = ap.parse_args()
-    global PLAIN, THINK_MS
-    PLAIN, THINK_MS = args.plain, args.think_ms
+    global THINK_MS
+    THINK_MS = args.think_ms
     # A killed benchmark still stops its engines and proxies (the finally in main_async).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:

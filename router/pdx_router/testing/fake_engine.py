@@ -107,11 +107,25 @@ class Cluster:
     def decode(self, ids: list[int]) -> str:
         return self.chat_tokens.tokenizer.decode(ids) if self.chat_tokens is not None else self.vocab.decode(ids)
 
-    def chat_ids(self, body: dict[str, Any]) -> list[int]:
+    def chat_text(self, body: dict[str, Any]) -> str:
         text = self.chat_tokens.render(body) if self.chat_tokens is not None else None
         if text is None:
             text = render_chat(body["messages"], body.get("add_generation_prompt", True))
-        return self.encode(text)
+        return text
+
+    def chat_ids(self, body: dict[str, Any]) -> list[int]:
+        return self.encode(self.chat_text(body))
+
+    async def encode_off_loop(self, text: str) -> list[int]:
+        """encode(), with a real tokenizer's miss in a worker thread (its encode_batch releases
+        the GIL): an 8k-token prompt took ~17 ms, which stalled every stream of the fakes."""
+        if self.chat_tokens is None or text in self._memo:
+            return self.encode(text)
+        ids = await asyncio.to_thread(self.chat_tokens.encode_in_thread, text)
+        self._memo[text] = ids
+        if len(self._memo) > 4096:
+            self._memo.popitem(last=False)
+        return list(ids)
 
 
 @dataclass
@@ -122,6 +136,10 @@ class EngineOptions:
     first_token_delay: float = 0.0
     token_delay: float = 0.0
     output_tokens: int = 8
+    # Tests read every request back; a long benchmark must not: thousands of kept 8k-token
+    # bodies made each full collection stall the fakes' loop for tens of ms.
+    record: bool = True
+    served_model: str = "Qwen"  # what /v1/models names (a gateway discovers the model there)
     kv_in_stream: bool = True  # vLLM 0.33 puts kv_transfer_params on the final chunk
     fail_reads: bool = False  # answer 500 to any D->P read (kv_load_failure_policy: fail)
     tokenize_differs: bool = False  # /tokenize renders unlike the chat endpoint
@@ -162,6 +180,8 @@ class FakeEngine:
         r.add_post("/tokenize", self.tokenize)
         r.add_get("/health", self.health)
         r.add_get("/metrics", self.metrics)
+        r.add_get("/lag", self.lag)
+        r.add_get("/v1/models", self.models)
 
     # ------------------------------------------------------------ helpers
 
@@ -173,15 +193,15 @@ class FakeEngine:
     def json_response(self, obj: Any, status: int = 200) -> web.Response:
         return web.Response(body=self.dumps(obj), status=status, content_type="application/json")
 
-    def prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
+    async def prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
         """Like vLLM: chat always renders its messages (no way to pass ids); completions
         take a prompt of ids as is."""
         if chat:
-            return self.cluster.chat_ids(body)
+            return await self.cluster.encode_off_loop(self.cluster.chat_text(body))
         prompt = body["prompt"]
         if isinstance(prompt, list):
             return [int(x) for x in prompt]
-        return self.cluster.encode(str(prompt))
+        return await self.cluster.encode_off_loop(str(prompt))
 
     def _blocks_for(self, n: int) -> list[int]:
         return [next(self._blocks) for _ in range(-(-n // self.cluster.block_size))]
@@ -219,11 +239,24 @@ class FakeEngine:
         )
         return web.Response(text=text)
 
+    async def models(self, _req: web.Request) -> web.Response:
+        model = {"id": self.opts.served_model, "object": "model", "owned_by": "vllm", "max_model_len": 32768}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def lag(self, _req: web.Request) -> web.Response:
+        """The process's event-loop lag since the last ask (a benchmark checks the fakes are not
+        its bottleneck): max and p99 of how late a 10 ms timer fired, in ms; then reset."""
+        xs = sorted(LAGS)
+        LAGS.clear()
+        p99 = xs[min(len(xs) - 1, int(0.99 * len(xs)))] if xs else 0.0
+        return web.json_response({"samples": len(xs), "p99_ms": p99, "max_ms": xs[-1] if xs else 0.0})
+
     async def tokenize(self, req: web.Request) -> web.Response:
         body = await req.json(loads=orjson.loads)
-        self.requests.append(("/tokenize", body))
-        self.auth.append(req.headers.get("Authorization"))
-        ids = self.prompt_ids(body, "messages" in body)
+        if self.opts.record:
+            self.requests.append(("/tokenize", body))
+            self.auth.append(req.headers.get("Authorization"))
+        ids = await self.prompt_ids(body, "messages" in body)
         if self.opts.tokenize_differs and len(ids) > 1:
             ids = [*ids[:-2], ids[-1], ids[-2]]  # as if /tokenize missed a template argument
         return self.json_response({"count": len(ids), "max_model_len": 32768, "tokens": ids})
@@ -236,8 +269,9 @@ class FakeEngine:
 
     async def _serve(self, req: web.Request, chat: bool) -> web.StreamResponse:
         body = orjson.loads(await req.read())
-        self.requests.append((req.path, body))
-        self.auth.append(req.headers.get("Authorization"))
+        if self.opts.record:
+            self.requests.append((req.path, body))
+            self.auth.append(req.headers.get("Authorization"))
         if self.opts.api_key is not None and req.headers.get("Authorization") != f"Bearer {self.opts.api_key}":
             return web.json_response({"error": "Unauthorized"}, status=401)
         if self.opts.fail_status is not None:
@@ -255,7 +289,7 @@ class FakeEngine:
 
     async def _prefill(self, body: dict[str, Any], chat: bool) -> web.Response:
         kv = dict(body.get("kv_transfer_params") or {})
-        prompt = self.prompt_ids(body, chat)
+        prompt = await self.prompt_ids(body, chat)
         read = self.check_read(kv, prompt)
         if read is not None:
             self.cluster.reads.append(read)
@@ -385,7 +419,7 @@ class FakeEngine:
         }
 
     async def _decode(self, req: web.Request, body: dict[str, Any], chat: bool) -> web.StreamResponse:
-        prompt = self.prompt_ids(body, chat)
+        prompt = await self.prompt_ids(body, chat)
         rid = f"cmpl-{self.opts.engine_id}-{next(self._ids)}"
         out = self._generate(prompt)
         ids = bool(body.get("return_token_ids"))
@@ -480,6 +514,18 @@ async def start_engine(
     return engine, runner, f"http://{shown}:{bound}"
 
 
+LAGS: list[float] = []  # loop lag samples in ms (_sample_lag), read and reset by GET /lag
+
+
+async def _sample_lag(period: float = 0.01) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        t0 = loop.time()
+        await asyncio.sleep(period)
+        LAGS.append((loop.time() - t0 - period) * 1000)
+        del LAGS[:-100_000]
+
+
 async def _serve_pair(args: Any) -> None:
     cluster = Cluster(chat_tokens=ChatTokenizer.from_dir(args.tokenizer) if args.tokenizer else None)
     common = {
@@ -487,11 +533,12 @@ async def _serve_pair(args: Any) -> None:
         "token_delay": args.token_delay,
         "output_tokens": args.output_tokens,
         "prefill_delay": args.prefill_delay,
+        "record": False,
     }
     await start_engine(cluster, EngineOptions("prefill", "prefill-0", **common), port=args.prefill_port)
     await start_engine(cluster, EngineOptions("decode", "decode-0", **common), port=args.decode_port)
     print("fake engines ready", flush=True)
-    await asyncio.Event().wait()
+    await _sample_lag()
 
 
 def main() -> None:
