@@ -28,7 +28,7 @@ golden:                ## regenerate tests/golden after an intended rendering ch
 local:                 ## run the embedded local topology until Ctrl-C
 	.venv/bin/pdx local up
 
-bench-router:          ## router overhead vs direct vs vLLM's example proxy
+bench-router:          ## router CPU and added TTFT beside direct, vllm-router, smg and vLLM's example proxy
 	.venv/bin/python scripts/bench_router.py
 
 bench-operator:        ## reconcile latency and 500 resources against kmock
