@@ -148,11 +148,13 @@ class Kube:
     def get_resource(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.get(API_VERSION, KIND, namespace, name)
 
-    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        """JSON merge patch of the status subresource: only the keys given change."""
-        self.call(
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any] | None:
+        """JSON merge patch of the status subresource: only the keys given change; the CR
+        as the server answered (the watch-fed state holds it until the echo arrives)."""
+        answer: dict[str, Any] | None = self.call(
             "PATCH",
             path_of(API_VERSION, KIND, namespace, name, "status"),
             body={"status": dict(status)},
             content_type=MERGE,
         )
+        return answer

@@ -1,6 +1,7 @@
 """One level-triggered reconcile pass: read -> render -> apply what differs -> report.
 
-Every pass starts from the API (the CR, its children, its pods), never from the event that
+Every pass starts from the whole current state (the CR, its children, its pods: a `Snapshot`,
+listed from the API or fed by the operator's watches, see state.py), never from the event that
 triggered it, so create, update, resume, the timer and child events all run the same code
 and a stale trigger cannot roll anything back. A child is written only if it is missing,
 was rendered differently (annotation `pdx.dev/applied-hash`), or was changed by hand (a
@@ -19,16 +20,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pdx import kinds
 from pdx import labels as labels_
 from pdx.controller import advice, rollout, status
 from pdx.controller.kube import ApiError, Kube
 from pdx.controller.rollout import PodView
+from pdx.controller.state import ListReads, Reads, Snapshot
 from pdx.render import config_hash, render
 from pdx.render.meta import ROLES, canonical_hash, router_url
 from pdx.render.router import ENDPOINTS_FILE
 from pdx.resource import SpecError, Target, load
-from pdx.spec import DisaggregatedInferenceSpec, DisaggregatedInferenceStatus
+from pdx.spec import KIND, DisaggregatedInferenceSpec, DisaggregatedInferenceStatus
 from pdx_contract.endpoints import EndpointsDocument
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,10 @@ class Outcome:
     # (kind, name) -> resourceVersion the API answered to this pass's applies: the watch
     # events carrying exactly these versions are echoes of our own writes, nothing new.
     versions: dict[tuple[str, str], str] = field(default_factory=dict)
+    # What the API answered to each write (the CR's status patch under its own kind and name),
+    # and the uids of what was pruned: the watch-fed state holds them until the echoes arrive.
+    answers: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    deleted: dict[tuple[str, str], str] = field(default_factory=dict)
 
     @property
     def writes(self) -> int:
@@ -229,29 +234,42 @@ def reconcile(
     *,
     fetch_stats: StatsFetcher | None = None,
     now: Callable[[], str] = _now,
+    reads: Reads | None = None,
 ) -> Outcome | None:
     """One pass for one DisaggregatedInference; None when it no longer exists.
 
-    `fetch_stats` (the periodic check only) reads the router's reuse counters; its failure
-    changes nothing but the absence of fresh numbers.
+    `reads` is where the state comes from: by default one GET and a LIST per kind
+    (`ListReads`); the operator passes its watch-fed state instead. `fetch_stats` (the
+    periodic check only) reads the router's reuse counters; its failure changes nothing
+    but the absence of fresh numbers.
     """
-    body = kube.get_resource(namespace, name)
-    if body is None:
+    snap = (reads or ListReads(kube)).read(namespace, name)
+    if snap is None:
         return None
+    return reconcile_snapshot(kube, namespace, name, snap, fetch_stats=fetch_stats, now=now)
+
+
+def reconcile_snapshot(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    snap: Snapshot,
+    *,
+    fetch_stats: StatsFetcher | None = None,
+    now: Callable[[], str] = _now,
+) -> Outcome:
+    """The pass proper: (state snapshot) -> writes through `kube`, reported in the Outcome.
+    It reads nothing from the API, so with nothing to do it sends no request."""
+    body = snap.body
     meta = body.get("metadata") or {}
     out = Outcome(body=body)
     if meta.get("deletionTimestamp"):
         return out  # the garbage collector removes the children through their ownerReferences
     uid = meta.get("uid")
-    labels = labels_.instance(name)
     previous = _previous_status(body)
 
-    children: dict[tuple[str, str], dict[str, Any]] = {}
-    for child in kinds.CHILDREN:
-        for obj in kube.list(child.api_version, child.kind, namespace, labels):
-            if owned_by(obj, uid):
-                children[_key(obj)] = obj
-    pods = [pod_view(p) for p in kube.list(kinds.POD.api_version, kinds.POD.kind, namespace, labels)]
+    children = {key: obj for key, obj in snap.children.items() if owned_by(obj, uid)}
+    pods = [pod_view(p) for p in snap.pods]
 
     try:
         target: Target | None = load_target(body, namespace)
@@ -284,11 +302,13 @@ def reconcile(
                 version = ((answer or {}).get("metadata") or {}).get("resourceVersion")
                 if version:
                     out.versions[_key(obj)] = str(version)
+                    out.answers[_key(obj)] = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], **answer}
                 out.applied.append(f"{obj['kind']}/{obj['metadata']['name']} ({why})")
             for key, obj in children.items():
                 if key not in wanted:
                     kube.delete(obj["apiVersion"], obj["kind"], namespace, key[1])
                     out.pruned.append(f"{key[0]}/{key[1]}")
+                    out.deleted[key] = str((obj.get("metadata") or {}).get("uid") or "")
         except ApiError as err:
             out.error = str(err)
             out.events.append(Event("Warning", "ApplyFailed", str(err)))
@@ -342,7 +362,9 @@ def reconcile(
     if previous is not None and out.status:
         _transition_events(previous, new, out)
     if out.status:
-        kube.patch_status(namespace, name, out.status)
+        cr = kube.patch_status(namespace, name, out.status)
+        if cr is not None and cr.get("metadata"):
+            out.answers[(body.get("kind") or KIND, name)] = cr
     return out
 
 
@@ -391,4 +413,4 @@ def _transition_events(before: DisaggregatedInferenceStatus, after: Disaggregate
             out.events.append(Event("Warning", c.reason, c.message))
 
 
-__all__ = ["Event", "Outcome", "needs_apply", "reconcile", "subset"]
+__all__ = ["Event", "Outcome", "needs_apply", "reconcile", "reconcile_snapshot", "subset"]
