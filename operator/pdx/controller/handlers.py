@@ -239,6 +239,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.kube.api.rest_client.pool_manager.connection_pool_kw["maxsize"] = max(WORKERS, 4)
     _state(memo)
     _pool(memo)
+    memo.audit_at = time.monotonic() + AUDIT_SECONDS  # the state was just listed
     rules.warm_up()
 
 
