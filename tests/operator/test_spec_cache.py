@@ -13,7 +13,7 @@ from tests.operator.conftest import cr_document
 
 def test_one_spec_is_validated_once_across_names_and_bad_names_still_fail(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    real = reconcile.load
+    from pdx.resource import load as real
 
     def counting(doc: dict[str, Any], default_namespace: str = "default") -> Any:
         calls.append(doc["metadata"]["name"])
@@ -21,7 +21,7 @@ def test_one_spec_is_validated_once_across_names_and_bad_names_still_fail(monkey
 
     monkeypatch.setattr(reconcile, "load", counting)
     monkeypatch.setattr(reconcile, "_specs", type(reconcile._specs)())
-    spec = {"model": {"name": "Qwen/Qwen3-32B"}, "decode": {"replicas": 3}}
+    spec: dict[str, Any] = {"model": {"name": "Qwen/Qwen3-32B"}, "decode": {"replicas": 3}}
     targets = [reconcile.load_target(cr_document(name=f"fleet-{i}", **spec), "inference") for i in range(5)]
     assert [t.name for t in targets] == [f"fleet-{i}" for i in range(5)]
     assert calls == ["fleet-0"]
