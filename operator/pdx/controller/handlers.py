@@ -125,12 +125,23 @@ def _stats_of(fetch: StatsFetcher, snap: Snapshot, namespace: str) -> Mapping[st
         return None
 
 
+@dataclass
+class _Audit:
+    """When the next audit is due, one for the operator: kopf hands each resource a shallow
+    copy of the memo, so this lives in a shared object, not in a memo attribute."""
+
+    due: float = 0.0
+
+
 def _audit_due(memo: Any) -> bool:
     """Whether this timer pass is the audit of its interval (on the event loop: no lock)."""
+    audit: _Audit | None = getattr(memo, "audit", None)
+    if audit is None:
+        audit = memo.audit = _Audit()
     now = time.monotonic()
-    if now < getattr(memo, "audit_at", 0.0):
+    if now < audit.due:
         return False
-    memo.audit_at = now + AUDIT_SECONDS
+    audit.due = now + AUDIT_SECONDS
     return True
 
 
@@ -239,7 +250,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.kube.api.rest_client.pool_manager.connection_pool_kw["maxsize"] = max(WORKERS, 4)
     _state(memo)
     _pool(memo)
-    memo.audit_at = time.monotonic() + AUDIT_SECONDS  # the state was just listed
+    memo.audit = _Audit(due=time.monotonic() + AUDIT_SECONDS)  # the state was just listed
     rules.warm_up()
 
 

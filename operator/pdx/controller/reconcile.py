@@ -172,6 +172,7 @@ def owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
 
 _specs: OrderedDict[str, DisaggregatedInferenceSpec | SpecError] = OrderedDict()
 _specs_lock = threading.Lock()
+_validating = threading.Lock()
 SPEC_CACHE_SIZE = 2048
 
 
@@ -185,21 +186,26 @@ def load_target(body: Mapping[str, Any], namespace: str) -> Target:
     # A valid spec is valid under any (valid) name; an error may be the name's, so it is kept by both.
     key = json.dumps([body.get("apiVersion"), body.get("kind"), body.get("spec")], sort_keys=True)
     error_key = json.dumps([name, key])
-    with _specs_lock:
-        hit = _specs.get(key) or _specs.get(error_key)
-    if not isinstance(hit, SpecError) and (
-        not isinstance(name, str) or not re.fullmatch(DNS_LABEL, name) or len(name) > MAX_NAME_LENGTH
-    ):
-        hit = None  # `load` says what is wrong with the name
-    if hit is None:
-        try:
-            hit = load(dict(body), default_namespace=namespace).spec
-        except SpecError as err:
-            hit = err
+    # `load` says what is wrong with a bad name; a valid spec under it is no answer.
+    bad_name = not isinstance(name, str) or not re.fullmatch(DNS_LABEL, name) or len(name) > MAX_NAME_LENGTH
+
+    def cached() -> DisaggregatedInferenceSpec | SpecError | None:
         with _specs_lock:
-            _specs[error_key if isinstance(hit, SpecError) else key] = hit
-            while len(_specs) > SPEC_CACHE_SIZE:
-                _specs.popitem(last=False)
+            return _specs.get(error_key) or (None if bad_name else _specs.get(key))
+
+    hit = cached()
+    if hit is None:
+        with _validating:  # passes racing on one new spec validate it once (CPU-bound anyway)
+            hit = cached()
+            if hit is None:
+                try:
+                    hit = load(dict(body), default_namespace=namespace).spec
+                except SpecError as err:
+                    hit = err
+                with _specs_lock:
+                    _specs[error_key if isinstance(hit, SpecError) else key] = hit
+                    while len(_specs) > SPEC_CACHE_SIZE:
+                        _specs.popitem(last=False)
     if isinstance(hit, SpecError):
         raise hit
     return Target(
