@@ -155,3 +155,21 @@ def test_own_writes_stand_until_the_watch_catches_up() -> None:
     snap = state.read_from(index, NS, "demo")
     assert snap is not None and snap.children[("Service", "demo-a")]["metadata"]["uid"] == "new"
     assert state.deleted == {where: {}}
+
+
+async def test_watches_ask_the_server_for_the_operators_objects_only(api: ApiServer, operator: Start) -> None:
+    await operator()
+    wanted = {"pods": "app.kubernetes.io/name=pdx", "configmaps": "app.kubernetes.io/managed-by=pdx-operator,"}
+
+    def watched() -> dict[str, str]:
+        return {
+            r.url.path.rsplit("/", 1)[-1]: r.params.get("labelSelector", "")
+            for r in list(api)
+            if r.params.get("watch") == "true"
+        }
+
+    await eventually(lambda: wanted.keys() <= watched().keys(), what="watches of pods and configmaps")
+    assert watched()["pods"] == wanted["pods"]
+    assert watched()["configmaps"].startswith(wanted["configmaps"])
+    cr_queries = {k for r in list(api) if r.url.path.endswith("/disaggregatedinferences") for k in r.params}
+    assert "labelSelector" not in cr_queries  # every CR is the operator's

@@ -243,7 +243,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=labels.KOPF_PREFIX)
     settings.persistence.finalizer = labels.FINALIZER
     settings.posting.level = logging.INFO
-    settings.execution.max_workers = int(os.environ.get("PDX_WORKERS", "16"))
+    settings.execution.max_workers = WORKERS  # the few sync handlers left (startup, deletion)
+    # The API server filters the watches (kopf's handler filters are client-side only): the
+    # operator then never receives the cluster's other pods, ConfigMaps, Services...
+    for kind in kinds.ALL:
+        if (selected := _watch_labels(kind)) is not None:
+            selector = ",".join(f"{k}={v}" for k, v in sorted(selected.items()))
+            settings.watching.label_selectors[kind.group, kind.version, kind.plural] = selector
     if getattr(memo, "kube", None) is None:
         memo.kube = Kube(make_api_client())
     # Let urllib3 keep a connection per pass thread instead of reconnecting.
@@ -351,15 +357,17 @@ def _indexer(kind: kinds.Kind) -> Any:
     return index
 
 
+def _watch_labels(kind: kinds.Kind) -> dict[str, str] | None:
+    """What the watch of a kind selects: children by the operator's managed labels; pods
+    carry only the app and instance labels; every CR."""
+    if kind is kinds.RESOURCE:
+        return None
+    return labels.managed() if kind in kinds.CHILDREN else {labels.NAME: labels.APP}
+
+
 for _kind in kinds.ALL:
-    # Children by the operator's managed labels; pods carry only the app and instance labels.
-    _selector = labels.managed() if _kind in kinds.CHILDREN else {labels.NAME: labels.APP}
     kopf.index(
-        group=_kind.group,
-        version=_kind.version,
-        plural=_kind.plural,
-        id=index_id(_kind),
-        labels=None if _kind is kinds.RESOURCE else _selector,
+        group=_kind.group, version=_kind.version, plural=_kind.plural, id=index_id(_kind), labels=_watch_labels(_kind)
     )(_indexer(_kind))
 
 for _watched in (k for k in kinds.CHILDREN if k.watched):
