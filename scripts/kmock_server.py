@@ -10,8 +10,9 @@ does not pay for walking the objects:
 - ``GET /_bench/wait?name=N&children=C&timeout=T``: returns once instance N has C children
   (or T seconds passed) with ``{"children": n}``; it re-counts after each write, not by polling;
   with ``generation=G`` instead of ``children``, once N's status.observedGeneration is G;
-- ``GET /_bench/requests``: ``{"total": n, "watches": w}``, the Kubernetes API requests served
-  so far (not these paths) and how many of them were watches.
+- ``GET /_bench/requests``: ``{"total": n, "watches": w, "by": {"METHOD plural": n}}``, the
+  Kubernetes API requests served so far (not these paths), how many were watches, and all of
+  them by method and resource.
 
 Prints ``URL <server url>`` on stdout once listening; exits when stdin closes (the parent ended).
 
@@ -80,6 +81,7 @@ class BenchApiServer(ApiServer):
     _watched: set[str] = attrs.field(factory=set, init=False)
 
     _served: int = attrs.field(default=0, init=False)
+    _by: dict[str, int] = attrs.field(factory=dict, init=False)  # "METHOD plural[/sub]" -> requests
     _watches: int = attrs.field(default=0, init=False)
 
     _index: dict[kmock.resource, dict[tuple[Any, str | None, str], None]] = attrs.field(factory=dict, init=False)
@@ -129,8 +131,11 @@ class BenchApiServer(ApiServer):
                 return aiohttp.web.json_response({"generation": await self._wait_generation(request)})
             return aiohttp.web.json_response({"children": await self._wait(request)})
         if path == "/_bench/requests":
-            return aiohttp.web.json_response({"total": self._served, "watches": self._watches})
+            return aiohttp.web.json_response({"total": self._served, "watches": self._watches, "by": self._by})
         self._served += 1
+        what = f"{request.method} {request.resource.plural if request.resource else path}"
+        what += f"/{request.subresource}" if request.subresource else ""
+        self._by[what] = self._by.get(what, 0) + 1
         if request.resource is not None and request.resource.plural and request.action == kmock.action.WATCH:
             self._watched.add(request.resource.plural)
             self._watches += 1
