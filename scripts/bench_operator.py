@@ -280,6 +280,8 @@ async def bench(resources: int, deadline: float, window: float, edits: int) -> l
                     ("CR edit -> all children, p95", f"{_pct(lat, 0.95) * 1000:.0f} ms"),
                 ]
         finally:
+            # The figures first: a backlogged kopf may never stop (the parent reads this line).
+            print(json.dumps(rows), file=sys.__stdout__, flush=True)
             _log("stopping the operator")
             # kopf may not stop at all with a backlog of thousands; the leg exits anyway (a
             # daemon thread: asyncio.run would wait for an executor's).
@@ -316,9 +318,13 @@ def _leg(args: argparse.Namespace, src: Path | None) -> list[tuple[str, str]]:
     env = {**os.environ, "PYTHONPATH": path}
     cmd = [sys.executable, __file__, "--leg", *_shared(args)]
     _log(f"leg {'baseline ' + str(src) if src else 'this tree'}: {' '.join(cmd)}")
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=True)
-    last = proc.stdout.strip().splitlines()[-1]
-    return [(k, v) for k, v in json.loads(last)]
+    limit = args.deadline + args.window + 180  # converge, steady, edits (60 s), stops
+    try:
+        out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, timeout=limit).stdout
+    except subprocess.TimeoutExpired as err:  # it printed its figures before stopping kopf
+        out = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+    lines = [line for line in out.splitlines() if line.startswith("[")]
+    return [(k, v) for k, v in json.loads(lines[-1])] if lines else [("leg", "no figures")]
 
 
 def _shared(args: argparse.Namespace) -> list[str]:
@@ -336,12 +342,11 @@ def main() -> int:
     p.add_argument("--leg", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.leg:
-        rows = asyncio.run(bench(args.resources, args.deadline, args.window, args.edits))
-        print(json.dumps(rows), file=sys.__stdout__, flush=True)
+        asyncio.run(bench(args.resources, args.deadline, args.window, args.edits))
         os._exit(0)  # not waiting for an operator thread that did not stop
     if args.baseline_src is None:
         _print(_leg(args, None))
-        return 0
+        return 0  # a leg's kopf that did not stop is in its own process, gone with it
     base = _leg(args, args.baseline_src.resolve())
     new = _leg(args, None)
     _print_side_by_side(base, new, args.resources)
