@@ -1,32 +1,42 @@
-"""Operator benchmark against kmock: event-to-children latency, and 500 resources reconciled.
+"""Operator benchmark against kmock: N resources converged, steady-state requests, CR edits.
 
 Runs the real operator (`kopf run -A --standalone -m pdx.controller.handlers`, in a thread)
-against kmock's Kubernetes emulator over loopback HTTP, the same setup as tests/operator, but
-with kmock in a process of its own (scripts/kmock_server.py): in one process kmock took ~80% of
-the GIL, so the figures measured the mock rather than the operator.
+against kmock's Kubernetes emulator over loopback HTTP, the same setup as tests/operator, with
+kmock in a process of its own (scripts/kmock_server.py): in one process kmock took ~80% of the
+GIL, so the figures measured the mock rather than the operator.
 
-1. latency: create one DisaggregatedInference at a time and time from the POST to all 11
-   children present (p50/p95 over N);
-2. scale: create M resources at once and time until every child of every resource exists and
-   every status reports its generation.
+One leg, for N resources:
 
-Each phase also reports CPU seconds: the operator's (this process, minus the thread driving the
-bench) and kmock's (its process), in total and per resource.
+1. converge: POST N DisaggregatedInferences (50 at a time) and time from the first POST until
+   every one has all its children and a status with its generation;
+2. steady: with nothing changing, count the API requests kmock serves over a window longer
+   than the resync interval (one timer pass per resource), watches apart;
+3. edit: change the spec of K converged resources one at a time and time from the PATCH to
+   status.observedGeneration of the new generation (written after all its children).
 
-Bounded: each phase stops at its deadline and reports what it reached.
+Each phase reports CPU seconds: the operator's (this process, minus the thread driving the
+bench) and kmock's (its process). Bounded: converging stops at its deadline and reports what
+it reached.
 
-    .venv/bin/python scripts/bench_operator.py [--latency-n 20] [--resources 500]
+`--baseline-src DIR` runs the same leg twice, side by side in one run, each in its own
+process: first the operator from DIR (a checkout of an older revision, through PYTHONPATH),
+then this tree's, and prints both columns. The mock, the CRs and this script are this tree's.
+
+    .venv/bin/python scripts/bench_operator.py --resources 500 [--baseline-src /tmp/pdx-base]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +52,7 @@ from kopf.testing import KopfRunner
 from pdx.spec import API_VERSION, PLURAL
 from tests.operator.conftest import cr_document
 
-CHILDREN = 11  # what render() produces for 2P2D with one router
+CHILDREN = 13  # what render() produces for 2P2D with one router (tests/operator EXPECTED)
 NS = "inference"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,6 +159,24 @@ class Mock:
                 raise TimeoutError(f"the operator did not watch {plural} within {timeout:.0f} s")
             await asyncio.sleep(0.1)
 
+    async def patch(self, name: str, patch: dict[str, Any]) -> None:
+        url = f"{self.url}/apis/{API_VERSION}/namespaces/{NS}/{PLURAL}/{name}"
+        headers = {"Content-Type": "application/merge-patch+json"}
+        async with self.session.patch(url, json=patch, headers=headers) as resp:
+            assert resp.status < 300, await resp.text()
+
+    async def requests(self) -> dict[str, Any]:
+        async with self.session.get(f"{self.url}/_bench/requests") as resp:
+            data: dict[str, Any] = await resp.json()
+        return data
+
+    async def wait_generation(self, name: str, generation: int, timeout: float) -> int | None:
+        """Long-poll: kmock answers once `name`'s status.observedGeneration is `generation`."""
+        params = {"name": name, "generation": str(generation), "timeout": str(timeout)}
+        async with self.session.get(f"{self.url}/_bench/wait", params=params) as resp:
+            got: int | None = (await resp.json())["generation"]
+        return got
+
     async def wait_children(self, name: str, n: int, timeout: float) -> int:
         """Long-poll: kmock answers once `name` has `n` children (it checks every 2 ms)."""
         params = {"name": name, "children": str(n), "timeout": str(max(timeout, 0.0))}
@@ -167,13 +195,27 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
 
-async def bench(latency_n: int, resources: int, deadline: float) -> list[tuple[str, str]]:
+async def _steady_requests(mock: Mock, window: float) -> tuple[int, int, str]:
+    """(requests, watch requests, the three most frequent kinds) kmock served in `window` s."""
+    before = await mock.requests()
+    await asyncio.sleep(window)
+    after = await mock.requests()
+    by = {k: n - before["by"].get(k, 0) for k, n in after["by"].items()}
+    top = ", ".join(f"{k} {n}" for k, n in sorted(by.items(), key=lambda kv: -kv[1])[:3] if n)
+    return after["total"] - before["total"], after["watches"] - before["watches"], top or "-"
+
+
+async def bench(resources: int, deadline: float, window: float, edits: int) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     mock = await Mock.start()
     pid = mock.proc.pid
     try:
         import kubernetes.config.kube_config as kc
 
+        import pdx.controller.handlers as handlers
+
+        # No router answers here; both legs skip the stats call alike.
+        handlers.fetch_router_stats = lambda url: None
         kc.KUBE_CONFIG_DEFAULT_LOCATION = str(_kubeconfig(mock.url))
         runner = KopfRunner(["run", "-A", "--standalone", "-m", "pdx.controller.handlers"], timeout=60)
         runner.__enter__()
@@ -182,29 +224,7 @@ async def bench(latency_n: int, resources: int, deadline: float) -> list[tuple[s
             await mock.watched(PLURAL, 120)
             await asyncio.sleep(0.5)  # the watch's initial listing
             _log(f"operator started in {time.monotonic() - t_start:.1f}s; kmock pid {pid} at {mock.url}")
-            # 1. latency
-            lat: list[float] = []
-            cpu0 = Cpu.now(pid)
-            end = time.monotonic() + deadline
-            for i in range(latency_n):
-                name = f"lat-{i}"
-                t0 = time.monotonic()
-                await mock.post(name)
-                await mock.wait_children(name, CHILDREN, end - time.monotonic())
-                lat.append(time.monotonic() - t0)
-                _log(f"latency {name}: {lat[-1]:.3f}s")
-                if time.monotonic() >= end:
-                    break
-            await asyncio.sleep(1.0)  # let the status writes after the children land count too
-            cpu1 = Cpu.now(pid)
-            rows += [
-                ("resources timed (latency)", f"{len(lat)}"),
-                ("CR event -> all children applied, p50", f"{statistics.median(lat) * 1000:.0f} ms"),
-                ("CR event -> all children applied, p95", f"{_pct(lat, 0.95) * 1000:.0f} ms"),
-                ("CR event -> all children applied, max", f"{max(lat) * 1000:.0f} ms"),
-                *_cpu_rows("latency phase", cpu0, cpu1, len(lat)),
-            ]
-            # 2. scale
+            # 1. converge
             cpu0 = Cpu.now(pid)
             t0 = time.monotonic()
             end = t0 + deadline
@@ -213,48 +233,66 @@ async def bench(latency_n: int, resources: int, deadline: float) -> list[tuple[s
                 await asyncio.gather(*(mock.post(n) for n in names[chunk : chunk + 50]))
             posted = time.monotonic() - t0
             _log(f"posted {resources} in {posted:.1f}s")
-            done_children = done_status = None
+            done = None
             while time.monotonic() < end:
                 kids, gens = await mock.counts()
-                n_kids = sum(1 for n in names if kids.get(n, 0) >= CHILDREN)
-                n_gens = sum(1 for n in names if n in gens)
-                if done_children is None and n_kids == resources:
-                    done_children = time.monotonic() - t0
-                if n_gens == resources:
-                    done_status = time.monotonic() - t0
+                if sum(1 for n in names if kids.get(n, 0) >= CHILDREN and n in gens) == resources:
+                    done = time.monotonic() - t0
                     break
                 await asyncio.sleep(0.25)
             cpu1 = Cpu.now(pid)
             kids, gens = await mock.counts()
-            with_kids = sum(1 for n in names if kids.get(n, 0) >= CHILDREN)
-            full = sum(1 for n in names if kids.get(n, 0) >= CHILDREN and n in gens)
+            full = [n for n in names if kids.get(n, 0) >= CHILDREN and n in gens]
+            _log(f"converged {len(full)}/{resources} at {time.monotonic() - t0:.1f}s")
             rows += [
-                (f"{resources} resources: all POSTed", f"{posted:.1f} s"),
-                (
-                    f"{resources} resources: all children applied",
-                    f"{done_children:.1f} s" if done_children else f"timeout ({deadline:.0f} s)",
-                ),
-                (
-                    f"{resources} resources: all statuses written",
-                    f"{done_status:.1f} s" if done_status else f"timeout ({deadline:.0f} s)",
-                ),
-                ("resources with all children applied", f"{with_kids}/{resources}"),
-                ("resources fully reconciled (children + status)", f"{full}/{resources}"),
+                ("all POSTed", f"{posted:.1f} s"),
+                ("first POST -> all converged", f"{done:.1f} s" if done else f"timeout ({deadline:.0f} s)"),
+                ("last POST -> all converged", f"{done - posted:.1f} s" if done else "-"),
+                ("converged (children + status)", f"{len(full)}/{resources}"),
             ]
-            if done_status:
-                rows.append(("throughput", f"{resources / done_status:.1f} resources/s"))
-            else:
-                rows.append(("throughput (reconciled / deadline)", f"{full / deadline:.1f} resources/s"))
-            # Per fully reconciled resource: an upper bound when some were still in flight.
-            rows += _cpu_rows(f"{resources} resources", cpu0, cpu1, full)
+            # Per converged resource: an upper bound when some were still in flight.
+            rows += _cpu_rows("converge", cpu0, cpu1, len(full))
+            # 2. steady
+            await asyncio.sleep(2.0)
+            cpu0 = Cpu.now(pid)
+            total, watches, top = await _steady_requests(mock, window)
+            cpu1 = Cpu.now(pid)
+            op, km = cpu1.since(cpu0)
+            rows += [
+                (f"steady: API requests/s beyond watches ({window:.0f} s)", f"{(total - watches) / window:.2f}"),
+                ("steady: most frequent requests", top),
+                ("steady: operator CPU", f"{op / window * 100:.0f}% of a core"),
+                ("steady: kmock CPU", f"{km / window * 100:.0f}% of a core"),
+            ]
+            # 3. edit
+            lat: list[float] = []
+            stop_edits = time.monotonic() + 60.0  # a backlogged operator could take each 30 s
+            for n in full[:edits]:
+                t1 = time.monotonic()
+                await mock.patch(n, {"spec": {"kvTransfer": {"decoderKvBlocksTtlSeconds": 1200}}})
+                if await mock.wait_generation(n, 2, 30.0) == 2:
+                    lat.append(time.monotonic() - t1)
+                if time.monotonic() > stop_edits:
+                    break
+            if lat:
+                rows += [
+                    (f"CR edit -> all children, p50 (n={len(lat)})", f"{statistics.median(lat) * 1000:.0f} ms"),
+                    ("CR edit -> all children, p95", f"{_pct(lat, 0.95) * 1000:.0f} ms"),
+                ]
         finally:
-            # Print before stopping: stopping kopf with hundreds of resources can take long.
-            _print(rows)
+            # The figures first: a backlogged kopf may never stop (the parent reads this line).
+            print(json.dumps(rows), file=sys.__stdout__, flush=True)
             _log("stopping the operator")
-            try:
-                await asyncio.to_thread(runner.__exit__, None, None, None)
-            except Exception as err:  # kopf's 60 s stop timeout, with hundreds of resources
-                _log(f"operator stop: {err}")
+            # kopf may not stop at all with a backlog of thousands; the leg exits anyway (a
+            # daemon thread: asyncio.run would wait for an executor's).
+            stopper = threading.Thread(target=runner.__exit__, args=(None, None, None), daemon=True)
+            stopper.start()
+            for _ in range(300):
+                if not stopper.is_alive():
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                _log("the operator did not stop within 30 s")
             log = Path(tempfile.mkdtemp()) / "operator.log"
             log.write_text(runner.output)
             _log(f"stopped; operator log: {log}")
@@ -274,14 +312,56 @@ def _print(rows: list[tuple[str, str]]) -> None:
         print(f"{k:<{width}}  {v}", file=out, flush=True)
 
 
+def _leg(args: argparse.Namespace, src: Path | None) -> list[tuple[str, str]]:
+    """One leg in a process of its own: the operator from `src` (None: this tree)."""
+    path = os.pathsep.join(str((src or ROOT) / d) for d in ("operator", "router", "contract", "engine"))
+    env = {**os.environ, "PYTHONPATH": path}
+    cmd = [sys.executable, __file__, "--leg", *_shared(args)]
+    _log(f"leg {'baseline ' + str(src) if src else 'this tree'}: {' '.join(cmd)}")
+    limit = args.deadline + args.window + 180  # converge, steady, edits (60 s), stops
+    try:
+        out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, timeout=limit).stdout
+    except subprocess.TimeoutExpired as err:  # it printed its figures before stopping kopf
+        out = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+    lines = [line for line in out.splitlines() if line.startswith("[")]
+    return [(k, v) for k, v in json.loads(lines[-1])] if lines else [("leg", "no figures")]
+
+
+def _shared(args: argparse.Namespace) -> list[str]:
+    return [f"--resources={args.resources}", f"--deadline={args.deadline}", f"--window={args.window}",
+            f"--edits={args.edits}"]  # fmt: skip
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--latency-n", type=int, default=20)
     p.add_argument("--resources", type=int, default=500)
-    p.add_argument("--deadline", type=float, default=75.0, help="seconds per phase")
+    p.add_argument("--deadline", type=float, default=150.0, help="seconds to converge, at most")
+    p.add_argument("--window", type=float, default=35.0, help="steady-state window (> PDX_RESYNC_SECONDS)")
+    p.add_argument("--edits", type=int, default=20)
+    p.add_argument("--baseline-src", type=Path, help="a checkout whose operator is the baseline leg")
+    p.add_argument("--leg", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    asyncio.run(bench(args.latency_n, args.resources, args.deadline))
+    if args.leg:
+        asyncio.run(bench(args.resources, args.deadline, args.window, args.edits))
+        os._exit(0)  # not waiting for an operator thread that did not stop
+    if args.baseline_src is None:
+        _print(_leg(args, None))
+        return 0  # a leg's kopf that did not stop is in its own process, gone with it
+    base = _leg(args, args.baseline_src.resolve())
+    new = _leg(args, None)
+    _print_side_by_side(base, new, args.resources)
     return 0
+
+
+def _print_side_by_side(base: list[tuple[str, str]], new: list[tuple[str, str]], n: int) -> None:
+    old = dict(base)
+    keys = [k for k, _ in new] + [k for k, _ in base if k not in dict(new)]
+    width = max(len(k) for k in keys)
+    print(f"N = {n}")
+    print(f"| {'metric':<{width}} | baseline | this tree |")
+    print(f"|{'-' * (width + 2)}|----------|-----------|")
+    for k in keys:
+        print(f"| {k:<{width}} | {old.get(k, '-')} | {dict(new).get(k, '-')} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,11 @@ does not pay for walking the objects:
 - ``GET /_bench/counts``: ``{"children": {instance: n}, "generations": {name: observedGeneration},
   "watched": [plural, ...]}`` (what the operator has started watching);
 - ``GET /_bench/wait?name=N&children=C&timeout=T``: returns once instance N has C children
-  (or T seconds passed) with ``{"children": n}``; it re-counts after each write, not by polling.
+  (or T seconds passed) with ``{"children": n}``; it re-counts after each write, not by polling;
+  with ``generation=G`` instead of ``children``, once N's status.observedGeneration is G;
+- ``GET /_bench/requests``: ``{"total": n, "watches": w, "by": {"METHOD plural": n}}``, the
+  Kubernetes API requests served so far (not these paths), how many were watches, and all of
+  them by method and resource.
 
 Prints ``URL <server url>`` on stdout once listening; exits when stdin closes (the parent ended).
 
@@ -76,6 +80,10 @@ class BenchApiServer(ApiServer):
     _changed: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)  # replaced per write
     _watched: set[str] = attrs.field(factory=set, init=False)
 
+    _served: int = attrs.field(default=0, init=False)
+    _by: dict[str, int] = attrs.field(factory=dict, init=False)  # "METHOD plural[/sub]" -> requests
+    _watches: int = attrs.field(default=0, init=False)
+
     _index: dict[kmock.resource, dict[tuple[Any, str | None, str], None]] = attrs.field(factory=dict, init=False)
     _indexed: int = attrs.field(default=0, init=False)
 
@@ -119,9 +127,18 @@ class BenchApiServer(ApiServer):
             kids, gens = self.counts()
             return aiohttp.web.json_response({"children": kids, "generations": gens, "watched": sorted(self._watched)})
         if path == "/_bench/wait":
+            if "generation" in request.params:
+                return aiohttp.web.json_response({"generation": await self._wait_generation(request)})
             return aiohttp.web.json_response({"children": await self._wait(request)})
+        if path == "/_bench/requests":
+            return aiohttp.web.json_response({"total": self._served, "watches": self._watches, "by": self._by})
+        self._served += 1
+        what = f"{request.method} {request.resource.plural if request.resource else path}"
+        what += f"/{request.subresource}" if request.subresource else ""
+        self._by[what] = self._by.get(what, 0) + 1
         if request.resource is not None and request.resource.plural and request.action == kmock.action.WATCH:
             self._watched.add(request.resource.plural)
+            self._watches += 1
         try:
             return await super()._handle(request)
         finally:
@@ -139,6 +156,24 @@ class BenchApiServer(ApiServer):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), left)
         return n
+
+    async def _wait_generation(self, request: kmock.Request) -> int | None:
+        """status.observedGeneration of CR `name` once it is `generation` or `timeout` passed;
+        one look-up per write, not a walk over all objects."""
+        key = (CR, request.params.get("namespace", "inference"), request.params["name"])
+        want = int(request.params["generation"])
+        end = time.monotonic() + float(request.params.get("timeout", "60"))
+
+        def seen() -> int | None:
+            obj = self.objects._objects.get(key)
+            gen = None if obj is None or obj.deleted else (obj.raw.get("status") or {}).get("observedGeneration")
+            return gen if isinstance(gen, int) else None
+
+        while ((gen := seen()) is None or gen < want) and (left := end - time.monotonic()) > 0:
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), left)
+        return gen
 
     def counts(self) -> tuple[dict[str, int], dict[str, int]]:
         """Live children per instance label, and status.observedGeneration per CR name."""

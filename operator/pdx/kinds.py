@@ -1,5 +1,6 @@
-"""The kinds the operator reads and writes, one table: reconcile lists the children by it, the
-kube layer builds paths from it, RBAC grants from it and the handlers watch from it."""
+"""The kinds the operator reads and writes, one table: the handlers index (watch) every kind of
+`ALL` from it, the kube layer builds paths from it, RBAC grants from it, and `ListReads` lists
+the children by it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ class Kind:
     kind: str
     plural: str
     watched: bool = False
-    """The operator reacts to its events (a deleted or hand-edited child comes back at once)."""
+    """Its events trigger a pass (a deleted or hand-edited child comes back at once); every
+    kind is watched into the operator's state, the others are repaired by the timer."""
 
     @property
     def group(self) -> str:

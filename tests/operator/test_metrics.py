@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import logging
 import types
 import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-import pytest
-
 from pdx.controller import handlers, metrics
 from pdx.controller.kube import ApiError, Kube
+from pdx.controller.state import ListReads
 from pdx.local.topology import free_port
 from tests.operator.conftest import ApiServer, cr_document, create_cr, in_thread
 
@@ -29,26 +27,29 @@ class RefusingSets(Kube):
         return super().apply(obj, field_manager)
 
 
-async def test_passes_are_counted_by_result_and_refused_applies_as_errors(
-    api: ApiServer, kube: Kube, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(handlers, "_post", lambda outcome: None)  # events need kopf's context
-    memo = types.SimpleNamespace(kube=kube)
-    log = logging.getLogger("test")
+def _one_pass(kube: Kube, name: str) -> None:
+    """A pass as the operator runs it in its pool: from a snapshot of the resource's state."""
+    snap = ListReads(kube).read("inference", name)
+    assert snap is not None
+    handlers._work(types.SimpleNamespace(kube=kube), handlers._Gate(), "inference", name, snap, False, False)
+
+
+async def test_passes_are_counted_by_result_and_refused_applies_as_errors(api: ApiServer, kube: Kube) -> None:
     before = {r: _count("pdx_operator_reconcile_passes_total", result=r) for r in metrics.RESULTS}
     errors = _count("pdx_operator_reconcile_errors_total", reason="apply")
     await create_cr(api, cr_document())
     for _ in range(2):  # the first writes the children, the second finds nothing to do
-        await in_thread(handlers._pass, memo, "inference", "demo", stats=False, wait=True, logger=log)
-    await in_thread(handlers._pass, memo, "inference", "nobody", stats=False, wait=True, logger=log)
+        await in_thread(_one_pass, kube, "demo")
+    await create_cr(api, cr_document("other", decode={"replicas": -1}))  # refused by the models
+    await in_thread(_one_pass, kube, "other")
     after = {r: _count("pdx_operator_reconcile_passes_total", result=r) for r in metrics.RESULTS}
     assert {r: after[r] - before[r] for r in metrics.RESULTS} == {
-        "idle": 1, "wrote": 1, "invalid": 0, "failed": 0, "gone": 1
+        "idle": 1, "wrote": 1, "invalid": 1, "failed": 0, "gone": 0
     }  # fmt: skip
-    await create_cr(api, cr_document("other"))
-    refusing = types.SimpleNamespace(kube=RefusingSets(kube.api))
-    await in_thread(handlers._pass, refusing, "inference", "other", stats=False, wait=True, logger=log)
+    await create_cr(api, cr_document("third"))
+    await in_thread(_one_pass, RefusingSets(kube.api), "third")
     assert _count("pdx_operator_reconcile_errors_total", reason="apply") == errors + 1
+    assert _count("pdx_operator_reconcile_passes_total", result="failed") == after["failed"] + 1
 
 
 def test_metrics_are_served_on_the_charts_port_and_only_when_it_is_set() -> None:

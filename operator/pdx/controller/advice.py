@@ -25,6 +25,7 @@ FLOOR_SECONDS = 60
 # keeping blocks for conversations that may never return outweighs the recompute saved.
 CAP_SECONDS = 3600
 
+
 def recommend_ttl(
     p95_gap_seconds: float | None,
     samples: int,

@@ -2,18 +2,29 @@
 
 Run: `kopf run -m pdx.controller.handlers --all-namespaces` (see docs/operator.md).
 
+State: the pass reads the CR, its children and pods from memory, not from the API. kopf's
+watches feed one `@kopf.index` per kind of `kinds.ALL` (the CR, every child kind, pods),
+filed under (namespace, instance); `state.WatchState` takes a snapshot from them plus the
+API's answers to the operator's own writes not yet echoed by the watch. kopf runs no other
+handler before every index has its first listing, so a (re)started operator acts only on
+complete state. A pass with nothing to do sends no request, and one whose snapshot is the
+same as that of the last pass that found nothing to do is skipped without rendering.
+
 Triggers: create/update/resume of a DisaggregatedInference, a periodic timer (drift repair
-of any child kind, router reuse counters), and events of the StatefulSets and Deployments
-the operator owns (a deleted or hand-edited engine set comes back at once; pod readiness
-reaches the router's endpoints file through the sets' status). Passes for one resource never
-overlap: a trigger arriving while a pass runs marks the resource dirty and the running pass
-goes once more, so bursts of child events collapse into one or two passes. The watch echo
-of the operator's own apply (same resourceVersion as the apply's answer) triggers nothing:
-the pass that wrote it already saw that state.
+of any child kind, router reuse counters; from the same state, so a safety net, not a
+re-read), and events of the StatefulSets and Deployments the operator owns (a deleted or
+hand-edited engine set comes back at once; pod readiness reaches the router's endpoints
+file through the sets' status). Passes for one resource never overlap: a trigger arriving
+while a pass runs marks the resource dirty and the running pass goes once more (from a new
+snapshot), so bursts of child events collapse into one or two passes. Passes of different
+resources run in parallel on a pool of PDX_WORKERS threads (the bound). The watch echo of
+the operator's own apply (same resourceVersion as the apply's answer) triggers nothing: the
+pass that wrote it already saw that state.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -21,7 +32,8 @@ import secrets
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -31,10 +43,19 @@ from pdx import kinds, labels, rules
 from pdx.controller import metrics
 from pdx.controller.kube import ApiError, Kube, make_api_client
 from pdx.controller.rbac import PEERING_NAME
-from pdx.controller.reconcile import Outcome, StatsFetcher, reconcile
+from pdx.controller.reconcile import Outcome, StatsFetcher, load_target, reconcile_snapshot
+from pdx.controller.state import ListReads, Snapshot, WatchState, index_id, index_key
+from pdx.render.meta import router_url
+from pdx.resource import SpecError
 from pdx.spec import GROUP, PLURAL, VERSION
 
+log = logging.getLogger(__name__)
+
 RESYNC_SECONDS = float(os.environ.get("PDX_RESYNC_SECONDS", "30"))
+WORKERS = int(os.environ.get("PDX_WORKERS", "8"))  # passes in flight at once, over all resources
+# One timer pass per this many seconds, over all resources, reads its resource from the API
+# instead (see `_work`): O(1) requests per interval however many resources there are.
+AUDIT_SECONDS = float(os.environ.get("PDX_AUDIT_SECONDS", str(RESYNC_SECONDS)))
 STATS_TIMEOUT_SECONDS = 2.0
 RETRY_DELAY_SECONDS = 10
 
@@ -48,10 +69,14 @@ def fetch_router_stats(base_url: str) -> Mapping[str, Any] | None:
 
 @dataclass
 class _Gate:
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    """Per resource, touched on kopf's event loop only (the tests read `written` directly)."""
+
+    running: bool = False
     dirty: bool = False
     # (kind, name) -> resourceVersion of the last apply of that child (see `_is_echo`).
     written: dict[tuple[str, str], str] = field(default_factory=dict)
+    # The snapshot (and router stats) of the last pass that found nothing to do.
+    quiet: tuple[Any, ...] | None = None
 
 
 _gates: dict[tuple[str, str], _Gate] = {}
@@ -61,22 +86,6 @@ _gates_lock = threading.Lock()
 def _gate(key: tuple[str, str]) -> _Gate:
     with _gates_lock:
         return _gates.setdefault(key, _Gate())
-
-
-def exclusive(key: tuple[str, str], run: Callable[[], Outcome | None], *, wait: bool) -> Outcome | None:
-    """Run passes for one resource one at a time; `wait=False` callers only mark it dirty."""
-    gate = _gate(key)
-    if not gate.lock.acquire(blocking=wait):
-        gate.dirty = True
-        return None
-    try:
-        while True:
-            gate.dirty = False
-            result = run()
-            if not gate.dirty:
-                return result
-    finally:
-        gate.lock.release()
 
 
 def _post(outcome: Outcome) -> None:
@@ -91,35 +100,142 @@ def _kube(memo: Any) -> Kube:
     return kube
 
 
-def _pass(memo: Any, namespace: str, name: str, *, stats: bool, wait: bool, logger: Any) -> Outcome | None:
-    fetch: StatsFetcher | None = getattr(memo, "fetch_stats", fetch_router_stats) if stats else None
+def _state(memo: Any) -> WatchState:
+    state: WatchState | None = getattr(memo, "state", None)
+    if state is None:
+        state = memo.state = WatchState()
+    return state
 
-    def once() -> Outcome | None:
-        t0 = time.perf_counter()
-        try:
-            outcome = reconcile(_kube(memo), namespace, name, fetch_stats=fetch)
-        except ApiError:
-            metrics.failed("api")
-            metrics.passed("failed", time.perf_counter() - t0)
-            raise
-        metrics.passed(_result(outcome), time.perf_counter() - t0)
-        if outcome is not None and outcome.error:
-            metrics.failed("apply")
-        if outcome is not None:  # every pass reports its own actions, also the coalesced ones
-            _gate((namespace, name)).written.update(outcome.versions)
-            _post(outcome)
-            if outcome.writes:
-                logger.info(
-                    "reconciled %s/%s: applied %s, pruned %s, status %s",
-                    namespace,
-                    name,
-                    outcome.applied or "-",
-                    outcome.pruned or "-",
-                    sorted(outcome.status) or "-",
-                )
-        return outcome
 
-    return exclusive((namespace, name), once, wait=wait)
+def _pool(memo: Any) -> ThreadPoolExecutor:
+    pool: ThreadPoolExecutor | None = getattr(memo, "pool", None)
+    if pool is None:
+        pool = memo.pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="pdx-pass")
+    return pool
+
+
+def _stats_of(fetch: StatsFetcher, snap: Snapshot, namespace: str) -> Mapping[str, Any] | None:
+    """The router's counters for this pass, fetched once (they are part of what makes it new)."""
+    try:
+        url = router_url(load_target(snap.body, namespace))
+    except SpecError:
+        return None
+    try:
+        return fetch(url)
+    except Exception:  # best effort, as in reconcile._reuse
+        return None
+
+
+@dataclass
+class _Audit:
+    """When the next audit is due, one for the operator: kopf hands each resource a shallow
+    copy of the memo, so this lives in a shared object, not in a memo attribute."""
+
+    due: float = 0.0
+
+
+def _audit_due(memo: Any) -> bool:
+    """Whether this timer pass is the audit of its interval (on the event loop: no lock)."""
+    audit: _Audit | None = getattr(memo, "audit", None)
+    if audit is None:
+        audit = memo.audit = _Audit()
+    now = time.monotonic()
+    if now < audit.due:
+        return False
+    audit.due = now + AUDIT_SECONDS
+    return True
+
+
+def _work(
+    memo: Any, gate: _Gate, namespace: str, name: str, snap: Snapshot, stats: bool, audit: bool
+) -> Outcome | None:
+    """In a pool thread: the pass, unless its inputs equal those of the last idle one.
+
+    An audit pass lists its resource from the API and reconciles from that: a watch that
+    lost events (kopf relists on reconnect but never drops what the new listing lacks) shows
+    up as a difference, is logged, and that resource is repaired at once. Watches fail for
+    all resources alike, so auditing one resource per interval finds a broken feed quickly.
+    """
+    fetched: Mapping[str, Any] | None = None
+    if stats:
+        fetched = _stats_of(getattr(memo, "fetch_stats", fetch_router_stats), snap, namespace)
+    inputs = (snap.fingerprint(), json.dumps(fetched, sort_keys=True, default=str))
+    if audit:
+        listed = ListReads(_kube(memo)).read(namespace, name)
+        if listed is None:
+            return None
+        if (differs := _differences(snap, listed)) and not listed.body.get("metadata", {}).get("deletionTimestamp"):
+            log.info("watch-fed state of %s/%s differs from the API (%s); reconciling from the API", namespace, name,
+                     ", ".join(differs))  # fmt: skip
+        snap = listed
+    elif inputs == gate.quiet:
+        return None
+    t0 = time.perf_counter()
+    try:
+        outcome = reconcile_snapshot(
+            _kube(memo), namespace, name, snap, fetch_stats=(lambda _url: fetched) if stats else None
+        )
+    except ApiError:
+        metrics.failed("api")
+        metrics.passed("failed", time.perf_counter() - t0)
+        raise
+    metrics.passed(_result(outcome), time.perf_counter() - t0)
+    if outcome.error:
+        metrics.failed("apply")
+    idle = not outcome.writes and not outcome.events and not outcome.error
+    gate.quiet = inputs if idle and not audit else None
+    return outcome
+
+
+def _differences(watched: Snapshot, listed: Snapshot) -> list[str]:
+    """Objects the watches have in another version than the API, or not at all (or extra).
+    A write racing the audit shows up here too; the pass from the listing is right either way."""
+
+    def versions(snap: Snapshot) -> dict[tuple[str, str], str]:
+        out = {k: str(o["metadata"].get("resourceVersion")) for k, o in snap.children.items()}
+        out.update({("Pod", p["metadata"]["name"]): str(p["metadata"].get("resourceVersion")) for p in snap.pods})
+        return out
+
+    a, b = versions(watched), versions(listed)
+    return [f"{k}/{n}" for k, n in sorted(a.keys() | b.keys()) if a.get((k, n)) != b.get((k, n))]
+
+
+async def _pass(
+    memo: Any, indices: Mapping[str, Any], namespace: str, name: str, *, stats: bool, logger: Any
+) -> Outcome | None:
+    """Passes for one resource one at a time: a trigger during a pass only marks it dirty."""
+    gate = _gate((namespace, name))
+    if gate.running:
+        gate.dirty = True
+        return None
+    gate.running = True
+    state = _state(memo)
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            gate.dirty = False
+            snap = state.read_from(indices, namespace, name)
+            if snap is None:
+                return None
+            audit = stats and _audit_due(memo)
+            outcome = await loop.run_in_executor(_pool(memo), _work, memo, gate, namespace, name, snap, stats, audit)
+            if outcome is not None:  # every pass reports its own actions, also the coalesced ones
+                gate.written.update(outcome.versions)
+                state.record(namespace, name, outcome.answers, outcome.deleted)
+                _post(outcome)
+                if outcome.writes:
+                    logger.info(
+                        "reconciled %s/%s: applied %s, pruned %s, status %s",
+                        namespace,
+                        name,
+                        outcome.applied or "-",
+                        outcome.pruned or "-",
+                        sorted(outcome.status) or "-",
+                    )
+            if not gate.dirty:
+                return outcome
+    finally:
+        gate.running = False
 
 
 def _result(outcome: Outcome | None) -> str:
@@ -147,21 +263,39 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=labels.KOPF_PREFIX)
     settings.persistence.finalizer = labels.FINALIZER
     settings.posting.level = logging.INFO
-    settings.execution.max_workers = int(os.environ.get("PDX_WORKERS", "16"))
+    settings.execution.max_workers = WORKERS  # the few sync handlers left (startup, deletion)
+    # The API server filters the watches (kopf's handler filters are client-side only): the
+    # operator then never receives the cluster's other pods, ConfigMaps, Services...
+    for kind in kinds.ALL:
+        if (selected := _watch_labels(kind)) is not None:
+            selector = ",".join(f"{k}={v}" for k, v in sorted(selected.items()))
+            settings.watching.label_selectors[kind.group, kind.version, kind.plural] = selector
     if getattr(memo, "kube", None) is None:
         memo.kube = Kube(make_api_client())
+    # Let urllib3 keep a connection per pass thread instead of reconnecting.
+    memo.kube.api.rest_client.pool_manager.connection_pool_kw["maxsize"] = max(WORKERS, 4)
+    _state(memo)
+    _pool(memo)
+    memo.audit = _Audit(due=time.monotonic() + AUDIT_SECONDS)  # the state was just listed
     rules.warm_up()
     if getattr(memo, "metrics_port", None) is None:
         memo.metrics_port = metrics.serve()
 
 
+@kopf.on.cleanup()
+def stop_pool(memo: kopf.Memo, **_: Any) -> None:
+    pool: ThreadPoolExecutor | None = getattr(memo, "pool", None)
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
-def converge(namespace: str | None, name: str, memo: Any, logger: Any, **_: Any) -> None:
+async def converge(namespace: str | None, name: str, memo: Any, logger: Any, **kw: Any) -> None:
     assert namespace is not None  # the resource is namespaced
     try:
-        outcome = _pass(memo, namespace, name, stats=False, wait=True, logger=logger)
+        outcome = await _pass(memo, kw, namespace, name, stats=False, logger=logger)
     except ApiError as err:
         raise kopf.TemporaryError(str(err), delay=RETRY_DELAY_SECONDS) from err
     if outcome is not None and outcome.error:
@@ -169,20 +303,21 @@ def converge(namespace: str | None, name: str, memo: Any, logger: Any, **_: Any)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-def resync(namespace: str | None, name: str, memo: Any, logger: Any, **_: Any) -> None:
+async def resync(namespace: str | None, name: str, memo: Any, logger: Any, **kw: Any) -> None:
     """Drift repair and the router's reuse counters; errors wait for the next tick."""
     assert namespace is not None
     try:
-        _pass(memo, namespace, name, stats=True, wait=False, logger=logger)
+        await _pass(memo, kw, namespace, name, stats=True, logger=logger)
     except ApiError as err:
         logger.warning("periodic reconcile of %s/%s failed: %s", namespace, name, err)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-def deleted(namespace: str | None, name: str, logger: Any, **_: Any) -> None:
+def deleted(namespace: str | None, name: str, memo: Any, logger: Any, **_: Any) -> None:
     """No finalizer: children carry ownerReferences and the garbage collector removes them."""
     with _gates_lock:
         _gates.pop((namespace or "", name), None)
+    _state(memo).forget(namespace or "", name)
     logger.info("%s/%s deleted; its children go with it (ownerReferences)", namespace, name)
 
 
@@ -213,7 +348,7 @@ def _is_echo(event: Mapping[str, Any], body: Mapping[str, Any], namespace: str, 
     return bool(gate.written.get((body.get("kind", ""), meta.get("name", ""))) == version)
 
 
-def child_event(event: Mapping[str, Any], body: Mapping[str, Any], memo: Any, logger: Any, **_: Any) -> None:
+async def child_event(event: Mapping[str, Any], body: Mapping[str, Any], memo: Any, logger: Any, **kw: Any) -> None:
     """A watched child changed: reconcile its owner (a deleted or hand-edited set comes back)."""
     if event.get("type") is None:  # the initial listing: resume handles those resources
         return
@@ -222,10 +357,40 @@ def child_event(event: Mapping[str, Any], body: Mapping[str, Any], memo: Any, lo
     if owner is None or not namespace or _is_echo(event, body, namespace, owner):
         return
     try:
-        _pass(memo, namespace, owner, stats=False, wait=False, logger=logger)
+        await _pass(memo, kw, namespace, owner, stats=False, logger=logger)
     except ApiError as err:
         logger.warning("reconcile of %s/%s after a child event failed: %s", namespace, owner, err)
 
+
+def _indexer(kind: kinds.Kind) -> Any:
+    """The index of one kind: each object filed under its (namespace, instance), or for the
+    CR under its own (namespace, name). Lightweight, as kopf asks: a shallow copy."""
+
+    def index(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]] | None:
+        raw = dict(body)
+        raw.setdefault("apiVersion", kind.api_version)
+        raw.setdefault("kind", kind.kind)
+        if kind is kinds.RESOURCE:
+            meta = raw.get("metadata") or {}
+            return {(meta.get("namespace", ""), meta.get("name", "")): raw}
+        key = index_key(raw)
+        return {key: raw} if key is not None else None
+
+    return index
+
+
+def _watch_labels(kind: kinds.Kind) -> dict[str, str] | None:
+    """What the watch of a kind selects: children by the operator's managed labels; pods
+    carry only the app and instance labels; every CR."""
+    if kind is kinds.RESOURCE:
+        return None
+    return labels.managed() if kind in kinds.CHILDREN else {labels.NAME: labels.APP}
+
+
+for _kind in kinds.ALL:
+    kopf.index(
+        group=_kind.group, version=_kind.version, plural=_kind.plural, id=index_id(_kind), labels=_watch_labels(_kind)
+    )(_indexer(_kind))
 
 for _watched in (k for k in kinds.CHILDREN if k.watched):
     kopf.on.event(_watched.group, _watched.version, _watched.plural, labels=labels.managed(), id=_watched.plural)(

@@ -1,6 +1,7 @@
 """One level-triggered reconcile pass: read -> render -> apply what differs -> report.
 
-Every pass starts from the API (the CR, its children, its pods), never from the event that
+Every pass starts from the whole current state (the CR, its children, its pods: a `Snapshot`,
+listed from the API or fed by the operator's watches, see state.py), never from the event that
 triggered it, so create, update, resume, the timer and child events all run the same code
 and a stale trigger cannot roll anything back. A child is written only if it is missing,
 was rendered differently (annotation `pdx.dev/applied-hash`), or was changed by hand (a
@@ -13,22 +14,24 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pdx import kinds
 from pdx import labels as labels_
 from pdx.controller import advice, rollout, status
 from pdx.controller.kube import ApiError, Kube
 from pdx.controller.rollout import PodView
+from pdx.controller.state import ListReads, Reads, Snapshot
 from pdx.render import config_hash, render
 from pdx.render.meta import ROLES, canonical_hash, router_url
 from pdx.render.router import ENDPOINTS_FILE
 from pdx.resource import SpecError, Target, load
-from pdx.spec import DisaggregatedInferenceSpec, DisaggregatedInferenceStatus
+from pdx.rules import DNS_LABEL, MAX_NAME_LENGTH
+from pdx.spec import KIND, DisaggregatedInferenceSpec, DisaggregatedInferenceStatus
 from pdx_contract.endpoints import EndpointsDocument
 
 log = logging.getLogger(__name__)
@@ -60,6 +63,10 @@ class Outcome:
     # (kind, name) -> resourceVersion the API answered to this pass's applies: the watch
     # events carrying exactly these versions are echoes of our own writes, nothing new.
     versions: dict[tuple[str, str], str] = field(default_factory=dict)
+    # What the API answered to each write (the CR's status patch under its own kind and name),
+    # and the uids of what was pruned: the watch-fed state holds them until the echoes arrive.
+    answers: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    deleted: dict[tuple[str, str], str] = field(default_factory=dict)
 
     @property
     def writes(self) -> int:
@@ -165,27 +172,40 @@ def owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
 
 _specs: OrderedDict[str, DisaggregatedInferenceSpec | SpecError] = OrderedDict()
 _specs_lock = threading.Lock()
+_validating = threading.Lock()
 SPEC_CACHE_SIZE = 2048
 
 
 def load_target(body: Mapping[str, Any], namespace: str) -> Target:
-    """`load` with a cache: the CEL rules cost tens of ms per evaluation, and every trigger
-    (timer, child events) would otherwise validate an unchanged spec again."""
+    """`load` with a cache by spec: the CEL rules cost ~30 ms per evaluation, and every trigger
+    (timer, child events) would otherwise validate an unchanged spec again, and every resource
+    of a fleet stamped from one template the same spec. The metadata checks `load` makes
+    before the spec's depend on the name; they are cheap, so a hit still makes them."""
     meta = body.get("metadata") or {}
-    key = json.dumps([body.get("apiVersion"), body.get("kind"), meta.get("name"), body.get("spec")], sort_keys=True)
-    with _specs_lock:
-        hit = _specs.get(key)
-        if hit is not None:
-            _specs.move_to_end(key)
-    if hit is None:
-        try:
-            hit = load(dict(body), default_namespace=namespace).spec
-        except SpecError as err:
-            hit = err
+    name = meta.get("name", "")
+    # A valid spec is valid under any (valid) name; an error may be the name's, so it is kept by both.
+    key = json.dumps([body.get("apiVersion"), body.get("kind"), body.get("spec")], sort_keys=True)
+    error_key = json.dumps([name, key])
+    # `load` says what is wrong with a bad name; a valid spec under it is no answer.
+    bad_name = not isinstance(name, str) or not re.fullmatch(DNS_LABEL, name) or len(name) > MAX_NAME_LENGTH
+
+    def cached() -> DisaggregatedInferenceSpec | SpecError | None:
         with _specs_lock:
-            _specs[key] = hit
-            while len(_specs) > SPEC_CACHE_SIZE:
-                _specs.popitem(last=False)
+            return _specs.get(error_key) or (None if bad_name else _specs.get(key))
+
+    hit = cached()
+    if hit is None:
+        with _validating:  # passes racing on one new spec validate it once (CPU-bound anyway)
+            hit = cached()
+            if hit is None:
+                try:
+                    hit = load(dict(body), default_namespace=namespace).spec
+                except SpecError as err:
+                    hit = err
+                with _specs_lock:
+                    _specs[error_key if isinstance(hit, SpecError) else key] = hit
+                    while len(_specs) > SPEC_CACHE_SIZE:
+                        _specs.popitem(last=False)
     if isinstance(hit, SpecError):
         raise hit
     return Target(
@@ -229,29 +249,42 @@ def reconcile(
     *,
     fetch_stats: StatsFetcher | None = None,
     now: Callable[[], str] = _now,
+    reads: Reads | None = None,
 ) -> Outcome | None:
     """One pass for one DisaggregatedInference; None when it no longer exists.
 
-    `fetch_stats` (the periodic check only) reads the router's reuse counters; its failure
-    changes nothing but the absence of fresh numbers.
+    `reads` is where the state comes from: by default one GET and a LIST per kind
+    (`ListReads`); the operator passes its watch-fed state instead. `fetch_stats` (the
+    periodic check only) reads the router's reuse counters; its failure changes nothing
+    but the absence of fresh numbers.
     """
-    body = kube.get_resource(namespace, name)
-    if body is None:
+    snap = (reads or ListReads(kube)).read(namespace, name)
+    if snap is None:
         return None
+    return reconcile_snapshot(kube, namespace, name, snap, fetch_stats=fetch_stats, now=now)
+
+
+def reconcile_snapshot(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    snap: Snapshot,
+    *,
+    fetch_stats: StatsFetcher | None = None,
+    now: Callable[[], str] = _now,
+) -> Outcome:
+    """The pass proper: (state snapshot) -> writes through `kube`, reported in the Outcome.
+    It reads nothing from the API, so with nothing to do it sends no request."""
+    body = snap.body
     meta = body.get("metadata") or {}
     out = Outcome(body=body)
     if meta.get("deletionTimestamp"):
         return out  # the garbage collector removes the children through their ownerReferences
     uid = meta.get("uid")
-    labels = labels_.instance(name)
     previous = _previous_status(body)
 
-    children: dict[tuple[str, str], dict[str, Any]] = {}
-    for child in kinds.CHILDREN:
-        for obj in kube.list(child.api_version, child.kind, namespace, labels):
-            if owned_by(obj, uid):
-                children[_key(obj)] = obj
-    pods = [pod_view(p) for p in kube.list(kinds.POD.api_version, kinds.POD.kind, namespace, labels)]
+    children = {key: obj for key, obj in snap.children.items() if owned_by(obj, uid)}
+    pods = [pod_view(p) for p in snap.pods]
 
     try:
         target: Target | None = load_target(body, namespace)
@@ -284,11 +317,13 @@ def reconcile(
                 version = ((answer or {}).get("metadata") or {}).get("resourceVersion")
                 if version:
                     out.versions[_key(obj)] = str(version)
+                    out.answers[_key(obj)] = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], **answer}
                 out.applied.append(f"{obj['kind']}/{obj['metadata']['name']} ({why})")
             for key, obj in children.items():
                 if key not in wanted:
                     kube.delete(obj["apiVersion"], obj["kind"], namespace, key[1])
                     out.pruned.append(f"{key[0]}/{key[1]}")
+                    out.deleted[key] = str((obj.get("metadata") or {}).get("uid") or "")
         except ApiError as err:
             out.error = str(err)
             out.events.append(Event("Warning", "ApplyFailed", str(err)))
@@ -342,7 +377,9 @@ def reconcile(
     if previous is not None and out.status:
         _transition_events(previous, new, out)
     if out.status:
-        kube.patch_status(namespace, name, out.status)
+        cr = kube.patch_status(namespace, name, out.status)
+        if cr is not None and cr.get("metadata"):
+            out.answers[(body.get("kind") or KIND, name)] = cr
     return out
 
 
@@ -391,4 +428,4 @@ def _transition_events(before: DisaggregatedInferenceStatus, after: Disaggregate
             out.events.append(Event("Warning", c.reason, c.message))
 
 
-__all__ = ["Event", "Outcome", "needs_apply", "reconcile", "subset"]
+__all__ = ["Event", "Outcome", "needs_apply", "reconcile", "reconcile_snapshot", "subset"]
