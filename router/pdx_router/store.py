@@ -65,6 +65,8 @@ class MemoryStore:
         self._sizes: dict[str, int] = {}  # each entry's nbytes(), estimated once at put
         self._by_tenant: dict[str, OrderedDict[str, None]] = {}  # each tenant's keys, oldest first
         self._tenant_bytes: dict[str, int] = {}
+        # each decode's keys of each generation, oldest first: what `holding` counts
+        self._by_holder: dict[tuple[str, str], OrderedDict[str, None]] = {}
         self._bytes = 0
         self._max = max_entries
         self._max_bytes = max_bytes
@@ -76,6 +78,10 @@ class MemoryStore:
         if entry is not None:
             size = self._sizes.pop(key)
             self._bytes -= size
+            held = self._by_holder[entry.decode_url, entry.generation]
+            del held[key]
+            if not held:
+                del self._by_holder[entry.decode_url, entry.generation]
             keys = self._by_tenant[entry.tenant]
             del keys[key]
             if keys:
@@ -108,6 +114,7 @@ class MemoryStore:
         self._items[key] = entry
         self._sizes[key] = size
         self._by_tenant.setdefault(tenant, OrderedDict())[key] = None
+        self._by_holder.setdefault((entry.decode_url, entry.generation), OrderedDict())[key] = None
         self._tenant_bytes[tenant] = self._tenant_bytes.get(tenant, 0) + size
         self._bytes += size
         if self._max_tenant is not None:
@@ -125,17 +132,15 @@ class MemoryStore:
         return self._bytes
 
     async def holding(self, decode_url: str, generation: str) -> int:
-        now = time.time()  # a scan: asked every few seconds by a draining decode, not per turn
-        return sum(
-            1
-            for e in self._items.values()
-            if e.decode_url == decode_url and e.generation == generation and e.deadline > now
-        )
+        """Any client can ask (the router's port): it reads that decode's keys, not the store."""
+        now, items = time.time(), self._items
+        return sum(1 for key in self._by_holder.get((decode_url, generation), ()) if items[key].deadline > now)
 
     async def close(self) -> None:
         self._items.clear()
         self._sizes.clear()
         self._by_tenant.clear()
+        self._by_holder.clear()
         self._tenant_bytes.clear()
         self._bytes = 0
 
