@@ -27,31 +27,19 @@ from kubernetes import client as k8s_client
 
 os.environ.setdefault("PDX_RESYNC_SECONDS", "0.5")  # before pdx.controller.handlers is imported
 
+from pdx import kinds
 from pdx.controller.kube import Kube
 from pdx.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 NS = "inference"
 CR = kmock.resource(GROUP, VERSION, PLURAL)
-STS = kmock.resource("apps", "v1", "statefulsets")
-DEPLOY = kmock.resource("apps", "v1", "deployments")
-CM = kmock.resource("", "v1", "configmaps")
-SVC = kmock.resource("", "v1", "services")
 PODS = kmock.resource("", "v1", "pods")
-NETPOL = kmock.resource("networking.k8s.io", "v1", "networkpolicies")
-PDB = kmock.resource("policy", "v1", "poddisruptionbudgets")
-HPA = kmock.resource("autoscaling", "v2", "horizontalpodautoscalers")
 EVENTS = kmock.resource("", "v1", "events")
 NAMESPACES = kmock.resource("", "v1", "namespaces")
 CRDS = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
-CHILD_RESOURCES = {
-    "StatefulSet": STS,
-    "Deployment": DEPLOY,
-    "ConfigMap": CM,
-    "Service": SVC,
-    "NetworkPolicy": NETPOL,
-    "PodDisruptionBudget": PDB,
-    "HorizontalPodAutoscaler": HPA,
-}
+# The operator's child kinds, from its own table.
+CHILD_RESOURCES = {k.kind: kmock.resource(k.group, k.version, k.plural) for k in kinds.CHILDREN}
+STS = CHILD_RESOURCES["StatefulSet"]
 WRITES = ("POST", "PATCH", "PUT", "DELETE")
 
 
