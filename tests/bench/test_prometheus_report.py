@@ -8,7 +8,6 @@ it and reads the figures over the window that holds them.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -18,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from prometheus_client import generate_latest
 
 from pdx.local.topology import free_port
 from pdx_bench import panels, prometheus
+from pdx_bench.localprom import local_prometheus
 from pdx_router.metrics import Metrics
 from pdx_router.policy import Outcome
 
@@ -67,42 +66,14 @@ class Scraping:
     exporter: Exporter
 
 
-def _up(url: str) -> bool:
-    try:
-        return prometheus.query(url, 'up{job="bench"} == 1', time.time()) == 1
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
-def scraping(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraping]:
-    assert PROMETHEUS is not None
-    tmp = tmp_path_factory.mktemp("prometheus")
+def scraping() -> Iterator[Scraping]:
     exporter = Exporter()
-    static = [{"targets": [exporter.target], "labels": {"pdx_instance": "qwen"}}]
-    config = {"global": {"scrape_interval": "1s"}, "scrape_configs": [{"job_name": "bench", "static_configs": static}]}
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={tmp / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     try:
-        deadline = time.monotonic() + 60
-        while not _up(url):
-            assert time.monotonic() < deadline, "prometheus did not scrape the exporter"
-            time.sleep(0.3)
-        yield Scraping(url, exporter)
+        with local_prometheus() as prom:
+            prom.scrape([{"targets": [exporter.target], "labels": {"pdx_instance": "qwen"}}])
+            yield Scraping(prom.url, exporter)
     finally:
-        server.terminate()
-        server.wait(20)
         exporter.server.shutdown()
 
 

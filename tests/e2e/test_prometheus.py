@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -25,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from pdx.local.topology import LocalTopology, free_port
-from pdx.monitoring import COMPONENT_LABEL, INSTANCE_LABEL, alerts, dashboard
+from pdx.local.topology import LocalTopology
+from pdx.monitoring import alerts, dashboard
+from pdx_bench.localprom import local_prometheus, scrape_targets
 from tests.e2e.chat import Answer, chat
 from tests.e2e.test_real_engines import asst, document, text, user
 
@@ -41,7 +40,6 @@ pytestmark = [
     pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus: apt-get install prometheus (scripts/test.sh does)"),
 ]
 
-NAMESPACE = "local"  # what a PodMonitor's scrape adds as `namespace`
 # Queries the local run cannot give data to, and why. Everything else must return series.
 NO_LOCAL_DATA: dict[str, str] = {
     'sum by (namespace, pod) (rate(container_cpu_usage_seconds_total{container="router"}[5m]))': (
@@ -90,92 +88,41 @@ def query(base: str, expr: str) -> dict[str, Any]:
     return _api(base, "query", query=dashboard.expand(expr))
 
 
-def _scrape_config(topo: LocalTopology) -> dict[str, Any]:
-    targets = [("router", topo.router_url)] + [(r, u) for r, urls in topo.engine_urls.items() for u in urls]
-    static = [
-        {
-            "targets": [url.removeprefix("http://")],
-            "labels": {"namespace": NAMESPACE, INSTANCE_LABEL: topo.target.name, COMPONENT_LABEL: role},
-        }
-        for role, url in targets
-    ]
-    return {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{"job_name": "pdx", "metrics_path": "/metrics", "static_configs": static}],
-    }
-
-
-def _wait(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _all_up(base: str, n: int) -> bool:
-    try:
-        result = query(base, 'up{job="pdx"} == 1')["data"]["result"]
-    except OSError:
-        return False
-    return len(result) == n
-
-
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
     assert PROMETHEUS is not None
     t0 = time.monotonic()
     tmp = tmp_path_factory.mktemp("prometheus")
-    with LocalTopology(document(bidirectional=True), state_dir=tmp / "topology") as topo:
-        config = tmp / "prometheus.yml"
-        config.write_text(yaml.safe_dump(_scrape_config(topo)))
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        with open(tmp / "prometheus.log", "wb") as log:
-            server = subprocess.Popen(
-                [
-                    PROMETHEUS,
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={tmp / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        try:
-            n_targets = 1 + sum(len(u) for u in topo.engine_urls.values())
-            _wait(lambda: _all_up(base, n_targets), 60, "prometheus to scrape every target")
-            time.sleep(2)  # a few scrapes of the counters at zero: rates start from the run's start
-            w0, wall0 = time.monotonic(), time.time()
-            answers: list[Answer] = []
-            for k in range(2):
-                turns: list[Answer] = []
-                for build in conversation(k):
-                    turns.append(chat(topo.router_url, build(turns), conversation=f"prom{k}"))
-                answers += turns
-            workload = time.monotonic() - w0
-            with urllib.request.urlopen(f"{topo.router_url}/v1/pdx/stats", timeout=10) as resp:
-                stats = json.loads(resp.read())
-            time.sleep(3)  # the last turn's counters scraped
-            run = Scraped(base, stats, answers, workload, time.monotonic() - t0)
-            yield run
-            if os.environ.get("PDX_PROM_DUMP"):  # every query's values, for a report
-                rows = [{"where": w, "expr": e, "result": query(base, e)["data"]["result"]} for w, e in _queries()]
-                span = {"start": str(wall0 - 5), "end": str(time.time()), "step": "2"}
-                for row in rows:
-                    ranged = _api(base, "query_range", query=dashboard.expand(row["expr"]), **span)
-                    row["range"] = ranged.get("data", {})
-                run_facts = {
-                    "workload_seconds": workload,
-                    "setup_seconds": run.total_seconds - workload,
-                    "stats": stats,
-                    "turns": [{"reuse": a.reuse, "ttft_ms": a.ttft_ms, "prompt": a.prompt_tokens} for a in answers],
-                }
-                Path(os.environ["PDX_PROM_DUMP"]).write_text(json.dumps({"run": run_facts, "rows": rows}, indent=1))
-        finally:
-            server.terminate()
-            server.wait(20)
+    with LocalTopology(document(bidirectional=True), state_dir=tmp / "topology") as topo, local_prometheus() as prom:
+        base = prom.url
+        prom.scrape(scrape_targets(topo.router_url, topo.engine_urls, topo.target.name), timeout=60)
+        time.sleep(2)  # a few scrapes of the counters at zero: rates start from the run's start
+        w0, wall0 = time.monotonic(), time.time()
+        answers: list[Answer] = []
+        for k in range(2):
+            turns: list[Answer] = []
+            for build in conversation(k):
+                turns.append(chat(topo.router_url, build(turns), conversation=f"prom{k}"))
+            answers += turns
+        workload = time.monotonic() - w0
+        with urllib.request.urlopen(f"{topo.router_url}/v1/pdx/stats", timeout=10) as resp:
+            stats = json.loads(resp.read())
+        time.sleep(3)  # the last turn's counters scraped
+        run = Scraped(base, stats, answers, workload, time.monotonic() - t0)
+        yield run
+        if os.environ.get("PDX_PROM_DUMP"):  # every query's values, for a report
+            rows = [{"where": w, "expr": e, "result": query(base, e)["data"]["result"]} for w, e in _queries()]
+            span = {"start": str(wall0 - 5), "end": str(time.time()), "step": "2"}
+            for row in rows:
+                ranged = _api(base, "query_range", query=dashboard.expand(row["expr"]), **span)
+                row["range"] = ranged.get("data", {})
+            run_facts = {
+                "workload_seconds": workload,
+                "setup_seconds": run.total_seconds - workload,
+                "stats": stats,
+                "turns": [{"reuse": a.reuse, "ttft_ms": a.ttft_ms, "prompt": a.prompt_tokens} for a in answers],
+            }
+            Path(os.environ["PDX_PROM_DUMP"]).write_text(json.dumps({"run": run_facts, "rows": rows}, indent=1))
     print(f"\nprometheus e2e: workload {workload:.1f}s, total {time.monotonic() - t0:.1f}s")
 
 
