@@ -83,20 +83,24 @@ async def test_restart_rebuilds_state_from_watches_before_acting(
     stop = await _converged(api, operator)
     await stop()
 
-    # The restarted operator's StatefulSet listing comes late: acting before it would find
-    # the engine sets missing and apply them again.
-    serve_list = ApiServer._serve_list
+    # The restarted operator's StatefulSet listing comes late, later than kopf takes to list
+    # the CRs by itself: acting before it would find the engine sets missing and apply them
+    # again. (kmock binds `_serve_list` when it starts; every request goes through `_handle`.)
+    handle = ApiServer._handle
+    held: list[str] = []
 
     async def slow_list(self: ApiServer, request: kmock.Request) -> Any:
-        if request.resource == STS:
-            await asyncio.sleep(1.5)
-        return await serve_list(self, request)
+        if request.resource == STS and request.action == kmock.action.LIST:
+            held.append(request.url.path)
+            await asyncio.sleep(4.0)
+        return await handle(self, request)
 
-    monkeypatch.setattr(ApiServer, "_serve_list", slow_list)
+    monkeypatch.setattr(ApiServer, "_handle", slow_list)
     since = request_count(api)
     await operator()
     await eventually(lambda: any("statefulsets" in r.url.path for r in list(api)[since:]), what="sts listing")
-    await asyncio.sleep(3.0)  # the listing, then resume and timer passes
+    await asyncio.sleep(6.0)  # the listing, then resume and timer passes
+    assert held, "the StatefulSet listing was not held back"
     assert _operator_writes(api, since) == []
     assert _reads(api, since) == []  # everything came from the watches
 

@@ -2,24 +2,28 @@
 
 Run: `kopf run -m pdx.controller.handlers --all-namespaces` (see docs/operator.md).
 
-State: the pass reads the CR, its children and pods from memory, not from the API. kopf's
-watches feed one `@kopf.index` per kind of `kinds.ALL` (the CR, every child kind, pods),
-filed under (namespace, instance); `state.WatchState` takes a snapshot from them plus the
-API's answers to the operator's own writes not yet echoed by the watch. kopf runs no other
-handler before every index has its first listing, so a (re)started operator acts only on
-complete state. A pass with nothing to do sends no request, and one whose snapshot is the
-same as that of the last pass that found nothing to do is skipped without rendering.
+State: the pass reads the CR, its children and pods from memory, not from the API. kopf
+watches the CR into one `@kopf.index`; the child kinds and pods come from the operator's own
+list+watch streams (`feed.Feeds`, one per kind: kopf's per-event machinery cost more than the
+pass for the ~13 child events of each new resource), filed under (namespace, instance);
+`state.WatchState` takes a snapshot from both plus the API's answers to the operator's own
+writes not yet echoed by a watch. The startup handler waits for every feed's first listing,
+and kopf runs no resource handler before its CR index has its own, so a (re)started operator
+acts only on complete state. A pass with nothing to do sends no request, and one whose
+snapshot is the same as that of the last pass that found nothing to do is skipped without
+rendering.
 
 Triggers: create/update/resume of a DisaggregatedInference, a periodic timer (drift repair
 of any child kind, router reuse counters; from the same state, so a safety net, not a
 re-read), and events of the StatefulSets and Deployments the operator owns (a deleted or
 hand-edited engine set comes back at once; pod readiness reaches the router's endpoints
-file through the sets' status). Passes for one resource never overlap: a trigger arriving
-while a pass runs marks the resource dirty and the running pass goes once more (from a new
-snapshot), so bursts of child events collapse into one or two passes. Passes of different
-resources run in parallel on a pool of PDX_WORKERS threads (the bound). The watch echo of
-the operator's own apply (same resourceVersion as the apply's answer) triggers nothing: the
-pass that wrote it already saw that state.
+file through the sets' status): the feed wakes the resource's daemon, which kopf stops
+while peering pauses this replica, so a standby acts on nothing. Passes for one resource
+never overlap: a trigger arriving while a pass runs marks the resource dirty and the running
+pass goes once more (from a new snapshot), so bursts of child events collapse into one or
+two passes. Passes of different resources run in parallel on a pool of PDX_WORKERS threads
+(the bound). The watch echo of the operator's own apply (same resourceVersion as the apply's
+answer) triggers nothing: the pass that wrote it already saw that state.
 """
 
 from __future__ import annotations
@@ -37,14 +41,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import click
 import kopf
 
 from pdx import kinds, labels, rules
 from pdx.controller import metrics
+from pdx.controller.feed import Feeds, Notify
 from pdx.controller.kube import ApiError, Kube, make_api_client
 from pdx.controller.rbac import PEERING_NAME
 from pdx.controller.reconcile import Outcome, StatsFetcher, load_target, reconcile_snapshot
-from pdx.controller.state import ListReads, Snapshot, WatchState, index_id, index_key
+from pdx.controller.state import ListReads, Snapshot, WatchState, index_id
 from pdx.render.meta import router_url
 from pdx.resource import SpecError
 from pdx.spec import GROUP, PLURAL, VERSION
@@ -77,6 +83,8 @@ class _Gate:
     written: dict[tuple[str, str], str] = field(default_factory=dict)
     # The snapshot (and router stats) of the last pass that found nothing to do.
     quiet: tuple[Any, ...] | None = None
+    # Set by a child event: the resource's daemon (`follow`) runs a pass.
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 _gates: dict[tuple[str, str], _Gate] = {}
@@ -214,7 +222,7 @@ async def _pass(
     try:
         while True:
             gate.dirty = False
-            snap = state.read_from(indices, namespace, name)
+            snap = state.read_from(_indices(memo, indices), namespace, name)
             if snap is None:
                 return None
             audit = stats and _audit_due(memo)
@@ -238,6 +246,12 @@ async def _pass(
         gate.running = False
 
 
+def _indices(memo: Any, kw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The CR index kopf passes to handlers, with the feeds' stores under their index ids."""
+    views: dict[str, Any] = memo.views
+    return {**views, _CR_INDEX: kw[_CR_INDEX]}
+
+
 def _result(outcome: Outcome | None) -> str:
     if outcome is None:
         return "gone"
@@ -249,8 +263,10 @@ def _result(outcome: Outcome | None) -> str:
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Peering for two replicas, pdx-prefixed kopf bookkeeping, the API client."""
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    """Peering for two replicas, pdx-prefixed kopf bookkeeping, the API client, and the
+    feeds: kopf starts watching the CR after its startup handlers, so returning only once
+    every feed has its first listing means no pass ever sees a partial state."""
     settings.peering.name = PEERING_NAME
     settings.peering.mandatory = os.environ.get("PDX_PEERING_MANDATORY", "") == "1"
     # kopf peering freezes every replica on a priority tie, so each replica draws its own
@@ -264,29 +280,49 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.finalizer = labels.FINALIZER
     settings.posting.level = logging.INFO
     settings.execution.max_workers = WORKERS  # the few sync handlers left (startup, deletion)
-    # The API server filters the watches (kopf's handler filters are client-side only): the
-    # operator then never receives the cluster's other pods, ConfigMaps, Services...
-    for kind in kinds.ALL:
-        if (selected := _watch_labels(kind)) is not None:
-            selector = ",".join(f"{k}={v}" for k, v in sorted(selected.items()))
-            settings.watching.label_selectors[kind.group, kind.version, kind.plural] = selector
     if getattr(memo, "kube", None) is None:
         memo.kube = Kube(make_api_client())
     # Let urllib3 keep a connection per pass thread instead of reconnecting.
     memo.kube.api.rest_client.pool_manager.connection_pool_kw["maxsize"] = max(WORKERS, 4)
     _state(memo)
     _pool(memo)
-    memo.audit = _Audit(due=time.monotonic() + AUDIT_SECONDS)  # the state was just listed
+    with _gates_lock:
+        _gates.clear()  # a new run (tests restart in one process): no pass of ours wrote anything yet
     rules.warm_up()
     if getattr(memo, "metrics_port", None) is None:
         memo.metrics_port = metrics.serve()
+    # The API server filters the feeds by label: the operator never receives the cluster's
+    # other pods, ConfigMaps, Services...
+    selectors = {k: sel for k in (*kinds.CHILDREN, kinds.POD) if (sel := _watch_labels(k)) is not None}
+    memo.feeds = feeds = Feeds.build(memo.kube.api.configuration, selectors, _served_namespaces(), _notify)
+    memo.views = {index_id(k): feeds.view(k) for k in selectors}
+    feeds.start()
+    await feeds.listed()
+    logger.info("listed %s; watching them", ", ".join(k.plural for k in selectors))
+    memo.audit = _Audit(due=time.monotonic() + AUDIT_SECONDS)  # the state was just listed
+
+
+def _served_namespaces() -> list[str] | None:
+    """The namespaces kopf was started for (`--namespace`, given once per namespace), None
+    for all: with a Role per namespace, a cluster-wide watch would be refused. kopf's own
+    command line is the one source; run without it (`kopf.run()`), the feeds watch all."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or ctx.params.get("clusterwide"):
+        return None
+    given = [*(ctx.params.get("namespaces") or ()), *filter(None, [os.environ.get("KOPF_RUN_NAMESPACE")])]
+    if patterns := [n for n in given if any(c in n for c in "*?[!,")]:
+        raise kopf.PermanentError(f"--namespace {patterns}: pdx serves named namespaces, not patterns; name each")
+    return given or None
 
 
 @kopf.on.cleanup()
-def stop_pool(memo: kopf.Memo, **_: Any) -> None:
+async def stop_pool(memo: kopf.Memo, **_: Any) -> None:
     pool: ThreadPoolExecutor | None = getattr(memo, "pool", None)
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)
+    feeds: Feeds | None = getattr(memo, "feeds", None)
+    if feeds is not None:
+        await feeds.stop()
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -348,51 +384,56 @@ def _is_echo(event: Mapping[str, Any], body: Mapping[str, Any], namespace: str, 
     return bool(gate.written.get((body.get("kind", ""), meta.get("name", ""))) == version)
 
 
-async def child_event(event: Mapping[str, Any], body: Mapping[str, Any], memo: Any, logger: Any, **kw: Any) -> None:
-    """A watched child changed: reconcile its owner (a deleted or hand-edited set comes back)."""
-    if event.get("type") is None:  # the initial listing: resume handles those resources
-        return
+def _notify(kind: kinds.Kind) -> Notify | None:
+    """What a feed calls on each change of its kind: for the kinds that trigger passes."""
+    return _child_changed if kind.watched else None
+
+
+def _child_changed(event_type: str, body: dict[str, Any]) -> None:
+    """A watched child changed: wake its owner's daemon (a deleted or hand-edited set comes
+    back). No gate yet means no daemon yet: its first pass will read this state anyway."""
     owner = _owner(body)
     namespace = (body.get("metadata") or {}).get("namespace")
-    if owner is None or not namespace or _is_echo(event, body, namespace, owner):
+    if owner is None or not namespace or _is_echo({"type": event_type}, body, namespace, owner):
         return
-    try:
-        await _pass(memo, kw, namespace, owner, stats=False, logger=logger)
-    except ApiError as err:
-        logger.warning("reconcile of %s/%s after a child event failed: %s", namespace, owner, err)
+    with _gates_lock:
+        gate = _gates.get((namespace, owner))
+    if gate is not None:
+        gate.wake.set()
 
 
-def _indexer(kind: kinds.Kind) -> Any:
-    """The index of one kind: each object filed under its (namespace, instance), or for the
-    CR under its own (namespace, name). Lightweight, as kopf asks: a shallow copy."""
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=1.0)
+async def follow(namespace: str | None, name: str, memo: Any, logger: Any, **kw: Any) -> None:
+    """Passes on child events. A daemon, not a call from the feed: kopf stops daemons while
+    peering pauses the replica (and on deletion), so a standby never writes. Cancelled by
+    kopf when it stops, from wherever it waits."""
+    assert namespace is not None
+    gate = _gate((namespace, name))
+    while True:
+        await gate.wake.wait()
+        gate.wake.clear()
+        try:
+            await _pass(memo, kw, namespace, name, stats=False, logger=logger)
+        except ApiError as err:
+            logger.warning("reconcile of %s/%s after a child event failed: %s", namespace, name, err)
 
-    def index(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]] | None:
-        raw = dict(body)
-        raw.setdefault("apiVersion", kind.api_version)
-        raw.setdefault("kind", kind.kind)
-        if kind is kinds.RESOURCE:
-            meta = raw.get("metadata") or {}
-            return {(meta.get("namespace", ""), meta.get("name", "")): raw}
-        key = index_key(raw)
-        return {key: raw} if key is not None else None
 
-    return index
+def _index_cr(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """The CR filed under its own (namespace, name). Lightweight, as kopf asks: a shallow copy."""
+    raw = dict(body)
+    raw.setdefault("apiVersion", kinds.RESOURCE.api_version)
+    raw.setdefault("kind", kinds.RESOURCE.kind)
+    meta = raw.get("metadata") or {}
+    return {(meta.get("namespace", ""), meta.get("name", "")): raw}
 
 
 def _watch_labels(kind: kinds.Kind) -> dict[str, str] | None:
-    """What the watch of a kind selects: children by the operator's managed labels; pods
+    """What the feed of a kind selects: children by the operator's managed labels; pods
     carry only the app and instance labels; every CR."""
     if kind is kinds.RESOURCE:
         return None
     return labels.managed() if kind in kinds.CHILDREN else {labels.NAME: labels.APP}
 
 
-for _kind in kinds.ALL:
-    kopf.index(
-        group=_kind.group, version=_kind.version, plural=_kind.plural, id=index_id(_kind), labels=_watch_labels(_kind)
-    )(_indexer(_kind))
-
-for _watched in (k for k in kinds.CHILDREN if k.watched):
-    kopf.on.event(_watched.group, _watched.version, _watched.plural, labels=labels.managed(), id=_watched.plural)(
-        child_event
-    )
+_CR_INDEX = index_id(kinds.RESOURCE)
+kopf.index(GROUP, VERSION, PLURAL, id=_CR_INDEX)(_index_cr)
