@@ -177,3 +177,38 @@ async def test_watches_ask_the_server_for_the_operators_objects_only(api: ApiSer
     assert watched()["configmaps"].startswith(wanted["configmaps"])
     cr_queries = {k for r in list(api) if r.url.path.endswith("/disaggregatedinferences") for k in r.params}
     assert "labelSelector" not in cr_queries  # every CR is the operator's
+
+
+async def test_the_echoes_of_a_pass_trigger_no_second_pass(
+    api: ApiServer, operator: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The StatefulSet and Deployment echoes arrive while the pass that applied them still
+    runs (it records their versions when it returns); they must not make it go again."""
+    from pdx.controller import handlers
+
+    real_pass, real_work = handlers._pass, handlers._work
+    passes: list[int] = []  # children in each pass's snapshot
+
+    async def no_timer(*args: Any, stats: bool, **kw: Any) -> Any:
+        return None if stats else await real_pass(*args, stats=stats, **kw)
+
+    def counted(memo: Any, gate: Any, namespace: str, name: str, snap: Any, stats: bool, audit: bool) -> Any:
+        passes.append(len(snap.children))
+        return real_work(memo, gate, namespace, name, snap, stats, audit)
+
+    monkeypatch.setattr(handlers, "_pass", no_timer)
+    monkeypatch.setattr(handlers, "_work", counted)
+    await operator()
+    # Created once kopf watches: kmock delivers an object that exists when a watch starts
+    # twice (listing and watch), kopf's second try at its finalizer fails, and only a later
+    # event (the timer's writes, off here) would make it go on.
+    await eventually(
+        lambda: any(r.params.get("watch") == "true" and r.url.path.endswith("/disaggregatedinferences") for r in api),
+        what="kopf's watch of the CRs",
+    )
+    await asyncio.sleep(0.2)
+    await create_cr(api, cr_document())
+    await eventually(lambda: set(children(api)) == EXPECTED, what="all children")
+    await eventually(lambda: bool((live(api, "DisaggregatedInference", "demo") or {}).get("status")), what="status")
+    await asyncio.sleep(1.0)  # the echoes, and any pass they caused
+    assert passes == [0]  # the creation's pass alone, on a state with no children yet

@@ -46,6 +46,7 @@ import kopf
 
 from pdx import kinds, labels, rules
 from pdx.controller import metrics
+from pdx.controller.diffbase import MemoryDiffBaseStorage
 from pdx.controller.feed import Feeds, Notify
 from pdx.controller.kube import ApiError, Kube, make_api_client
 from pdx.controller.rbac import PEERING_NAME
@@ -85,6 +86,9 @@ class _Gate:
     quiet: tuple[Any, ...] | None = None
     # Set by a child event: the resource's daemon (`follow`) runs a pass.
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # Child events that arrived during a pass, as ((kind, name), resourceVersion): most are
+    # echoes of that very pass's applies, which it records only when it returns.
+    pending: list[tuple[tuple[str, str], str]] = field(default_factory=list)
 
 
 _gates: dict[tuple[str, str], _Gate] = {}
@@ -229,6 +233,10 @@ async def _pass(
             outcome = await loop.run_in_executor(_pool(memo), _work, memo, gate, namespace, name, snap, stats, audit)
             if outcome is not None:  # every pass reports its own actions, also the coalesced ones
                 gate.written.update(outcome.versions)
+            if any(gate.written.get(key) != version for key, version in gate.pending):
+                gate.dirty = True  # someone else's change came in meanwhile
+            gate.pending.clear()
+            if outcome is not None:
                 state.record(namespace, name, outcome.answers, outcome.deleted)
                 _post(outcome)
                 if outcome.writes:
@@ -276,8 +284,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     elif settings.peering.priority == 0:
         settings.peering.priority = 1 + secrets.randbelow(2**30)
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=labels.KOPF_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=labels.KOPF_PREFIX)
+    # In memory: one PATCH of the CR and one watch event less per handled change (diffbase.py
+    # says why that is safe for these level-triggered handlers).
+    settings.persistence.diffbase_storage = memo.diffbase = MemoryDiffBaseStorage()
     settings.persistence.finalizer = labels.FINALIZER
+    # Only with settings.posting.loggers (off by default since kopf 1.40) would handler log
+    # lines become Events; the operator's own (Applied, Ready, ...) go through kopf.event.
     settings.posting.level = logging.INFO
     settings.execution.max_workers = WORKERS  # the few sync handlers left (startup, deletion)
     if getattr(memo, "kube", None) is None:
@@ -349,11 +361,13 @@ async def resync(namespace: str | None, name: str, memo: Any, logger: Any, **kw:
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-def deleted(namespace: str | None, name: str, memo: Any, logger: Any, **_: Any) -> None:
+def deleted(namespace: str | None, name: str, memo: Any, logger: Any, uid: str | None, **_: Any) -> None:
     """No finalizer: children carry ownerReferences and the garbage collector removes them."""
     with _gates_lock:
         _gates.pop((namespace or "", name), None)
     _state(memo).forget(namespace or "", name)
+    if (diffbase := getattr(memo, "diffbase", None)) is not None:
+        diffbase.forget(uid)
     logger.info("%s/%s deleted; its children go with it (ownerReferences)", namespace, name)
 
 
@@ -398,7 +412,12 @@ def _child_changed(event_type: str, body: dict[str, Any]) -> None:
         return
     with _gates_lock:
         gate = _gates.get((namespace, owner))
-    if gate is not None:
+    if gate is None:
+        return
+    meta = body.get("metadata") or {}
+    if gate.running and event_type != "DELETED" and meta.get("resourceVersion"):
+        gate.pending.append(((str(body.get("kind", "")), str(meta.get("name", ""))), str(meta["resourceVersion"])))
+    else:
         gate.wake.set()
 
 

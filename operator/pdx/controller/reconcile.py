@@ -78,12 +78,20 @@ def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def subset(desired: Any, live: Any) -> bool:
-    """Whether every rendered field has the same value live; the server may add defaults."""
-    if isinstance(desired, Mapping):
-        return isinstance(live, Mapping) and all(k in live and subset(v, live[k]) for k, v in desired.items())
-    if isinstance(desired, list):
-        return isinstance(live, list) and len(desired) == len(live) and all(map(subset, desired, live))
+    """Whether every rendered field has the same value live; the server may add defaults.
+    Rendered manifests and parsed JSON are plain dicts, lists and scalars: telling those by
+    their type first skips the ABC machinery of isinstance(Mapping), a fifth of a pass's CPU."""
+    kind = type(desired)
+    if kind is dict or (kind not in _SCALARS and kind is not list and isinstance(desired, Mapping)):
+        return (type(live) is dict or isinstance(live, Mapping)) and all(
+            k in live and subset(v, live[k]) for k, v in desired.items()
+        )
+    if kind is list:
+        return type(live) is list and len(desired) == len(live) and all(map(subset, desired, live))
     return bool(desired == live)
+
+
+_SCALARS = (str, int, float, bool, type(None))
 
 
 def stamp(obj: dict[str, Any]) -> dict[str, Any]:

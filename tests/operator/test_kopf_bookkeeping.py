@@ -1,0 +1,48 @@
+"""What kopf itself writes on the CR per handled change: nothing. Its diff-base lives in memory
+(pdx.controller.diffbase); in an annotation each create and edit cost a PATCH of the CR and one
+more watch event for kopf to process."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from pdx.spec import KIND
+from tests.operator.conftest import (
+    ApiServer,
+    children,
+    cr_document,
+    create_cr,
+    eventually,
+    live,
+    patch_cr,
+    request_count,
+    sts_hash,
+    writes,
+)
+from tests.operator.test_reconcile import EXPECTED
+
+Start = Callable[..., Any]
+
+
+def _cr_writes(api: ApiServer, since: int) -> list[str]:
+    """Writes of the CR object itself (the status subresource has a path of its own)."""
+    return [w for w in writes(api, since) if w.split("?")[0].endswith("/disaggregatedinferences/demo")]
+
+
+async def test_an_edit_is_handled_without_writing_to_the_cr(api: ApiServer, operator: Start) -> None:
+    await operator()
+    await create_cr(api, cr_document())
+    await eventually(lambda: set(children(api)) == EXPECTED, what="all children")
+    await asyncio.sleep(1.0)  # kopf's finalizer and whatever it writes after the create
+    old = sts_hash(api, "prefill")
+    await patch_cr(api, "demo", {"spec": {"kvTransfer": {"decoderKvBlocksTtlSeconds": 1200}}})
+    since = request_count(api)
+    await eventually(lambda: old != sts_hash(api, "prefill") == sts_hash(api, "decode"), what="both rolled")
+    await asyncio.sleep(1.0)  # whatever kopf writes after its handler returned
+    assert _cr_writes(api, since) == []
+    body = live(api, KIND, "demo")
+    assert body is not None
+    assert body["metadata"]["finalizers"] == ["pdx.dev/operator"]  # the timer and daemon need it
+    assert not [a for a in body["metadata"].get("annotations") or {} if a.endswith("last-handled-configuration")]
