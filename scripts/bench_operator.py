@@ -205,6 +205,32 @@ async def _steady_requests(mock: Mock, window: float) -> tuple[int, int, str]:
     return after["total"] - before["total"], after["watches"] - before["watches"], top or "-"
 
 
+def _passes_now() -> dict[str, float]:
+    """The operator's reconcile passes so far by result (its metrics; none in older trees)."""
+    try:
+        from pdx.controller import metrics
+    except ImportError:
+        return {}
+    samples = (s for m in metrics.PASSES.collect() for s in m.samples)
+    return {s.labels["result"]: s.value for s in samples if s.name.endswith("_total")}
+
+
+def _passes(before: dict[str, float], after: dict[str, float], n: int) -> str:
+    if not after:
+        return "-"
+    by = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    return ", ".join(f"{k} {v / max(n, 1):.2f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v)
+
+
+def _per_resource(before: dict[str, Any], after: dict[str, Any], n: int) -> str:
+    """The requests kmock served between two read-outs, per resource POSTed, the most frequent first
+    (the bench's own POSTs of the CRs included: 1 per resource)."""
+    by = {k: v - before["by"].get(k, 0) for k, v in after["by"].items()}
+    total = after["total"] - before["total"] - (after["watches"] - before["watches"])
+    top = ", ".join(f"{k} {v / n:.1f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:12] if v)
+    return f"{total / max(n, 1):.1f} ({top})"
+
+
 async def bench(resources: int, deadline: float, window: float, edits: int) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     mock = await Mock.start()
@@ -226,6 +252,8 @@ async def bench(resources: int, deadline: float, window: float, edits: int) -> l
             _log(f"operator started in {time.monotonic() - t_start:.1f}s; kmock pid {pid} at {mock.url}")
             # 1. converge
             cpu0 = Cpu.now(pid)
+            served0 = await mock.requests()
+            passes0 = _passes_now()
             t0 = time.monotonic()
             end = t0 + deadline
             names = [f"bulk-{i}" for i in range(resources)]
@@ -241,6 +269,7 @@ async def bench(resources: int, deadline: float, window: float, edits: int) -> l
                     break
                 await asyncio.sleep(0.25)
             cpu1 = Cpu.now(pid)
+            served1 = await mock.requests()
             kids, gens = await mock.counts()
             full = [n for n in names if kids.get(n, 0) >= CHILDREN and n in gens]
             _log(f"converged {len(full)}/{resources} at {time.monotonic() - t0:.1f}s")
@@ -252,6 +281,8 @@ async def bench(resources: int, deadline: float, window: float, edits: int) -> l
             ]
             # Per converged resource: an upper bound when some were still in flight.
             rows += _cpu_rows("converge", cpu0, cpu1, len(full))
+            rows.append(("converge: requests per resource, by kind", _per_resource(served0, served1, resources)))
+            rows.append(("converge: passes per resource, by result", _passes(passes0, _passes_now(), resources)))
             # 2. steady
             await asyncio.sleep(2.0)
             cpu0 = Cpu.now(pid)

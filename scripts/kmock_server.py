@@ -133,7 +133,8 @@ class BenchApiServer(ApiServer):
         if path == "/_bench/requests":
             return aiohttp.web.json_response({"total": self._served, "watches": self._watches, "by": self._by})
         self._served += 1
-        what = f"{request.method} {request.resource.plural if request.resource else path}"
+        method = getattr(request.method, "value", request.method)
+        what = f"{method} {request.resource.plural if request.resource else path}"
         what += f"/{request.subresource}" if request.subresource else ""
         self._by[what] = self._by.get(what, 0) + 1
         if request.resource is not None and request.resource.plural and request.action == kmock.action.WATCH:
