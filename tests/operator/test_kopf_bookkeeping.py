@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from pdx.spec import KIND
 from tests.operator.conftest import (
@@ -46,3 +46,35 @@ async def test_an_edit_is_handled_without_writing_to_the_cr(api: ApiServer, oper
     assert body is not None
     assert body["metadata"]["finalizers"] == ["pdx.dev/operator"]  # the timer and daemon need it
     assert not [a for a in body["metadata"].get("annotations") or {} if a.endswith("last-handled-configuration")]
+
+
+def test_the_in_memory_diffbase_builds_the_essence_kopf_builds() -> None:
+    """It skips copying the status and system metadata; what kopf compares stays the same."""
+    import kopf
+
+    from pdx import labels
+    from pdx.controller.diffbase import MemoryDiffBaseStorage
+
+    raw = {
+        **cr_document(),
+        "status": {"ready": "True", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    raw["metadata"] = {
+        **raw["metadata"],
+        "uid": "u1",
+        "resourceVersion": "7",
+        "generation": 2,
+        "finalizers": ["pdx.dev/operator"],
+        "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+        "labels": {"team": "search"},
+        "annotations": {
+            "pdx.dev/kopf-managed": "yes",
+            "pdx.dev/converge": "{}",
+            "kubectl.kubernetes.io/last-applied-configuration": "{}",
+            "note": "kept",
+        },
+    }
+    body = kopf.Body(cast(kopf.RawBody, raw))
+    ours = MemoryDiffBaseStorage().build(body=body)
+    assert ours == kopf.AnnotationsDiffBaseStorage(prefix=labels.KOPF_PREFIX).build(body=body)
+    assert ours == {"spec": raw["spec"], "metadata": {"labels": {"team": "search"}, "annotations": {"note": "kept"}}}

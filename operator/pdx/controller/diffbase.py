@@ -11,7 +11,8 @@ resume handler: the same pass. Nothing else differs.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, cast
 
 import kopf
 
@@ -22,6 +23,15 @@ class MemoryDiffBaseStorage(kopf.DiffBaseStorage):
     def __init__(self) -> None:
         super().__init__()
         self._essences: dict[str, kopf.BodyEssence] = {}
+
+    def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> kopf.BodyEssence:
+        """kopf's essence, from the body without its status and system metadata: kopf builds it
+        on every event of the CR by deep-copying the whole body, then drops those parts. No
+        handler here filters on fields (`extra_fields` stays empty), so they never matter."""
+        meta = body.get("metadata") or {}
+        trimmed = {k: v for k, v in body.items() if k != "status"}
+        trimmed["metadata"] = {k: meta[k] for k in ("labels", "annotations") if k in meta}
+        return super().build(body=cast(kopf.Body, trimmed), extra_fields=extra_fields)
 
     def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
         return self._essences.get(str(body.metadata.uid))
