@@ -231,7 +231,7 @@ def _per_resource(before: dict[str, Any], after: dict[str, Any], n: int) -> str:
     return f"{total / max(n, 1):.1f} ({top})"
 
 
-async def bench(resources: int, deadline: float, window: float, edits: int) -> list[tuple[str, str]]:
+async def bench(resources: int, deadline: float, window: float, edits: int, settle: float) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     mock = await Mock.start()
     pid = mock.proc.pid
@@ -284,7 +284,7 @@ async def bench(resources: int, deadline: float, window: float, edits: int) -> l
             rows.append(("converge: requests per resource, by kind", _per_resource(served0, served1, resources)))
             rows.append(("converge: passes per resource, by result", _passes(passes0, _passes_now(), resources)))
             # 2. steady
-            await asyncio.sleep(2.0)
+            await asyncio.sleep(settle)
             cpu0 = Cpu.now(pid)
             total, watches, top = await _steady_requests(mock, window)
             cpu1 = Cpu.now(pid)
@@ -347,9 +347,10 @@ def _leg(args: argparse.Namespace, src: Path | None) -> list[tuple[str, str]]:
     """One leg in a process of its own: the operator from `src` (None: this tree)."""
     path = os.pathsep.join(str((src or ROOT) / d) for d in ("operator", "router", "contract", "engine"))
     env = {**os.environ, "PYTHONPATH": path}
-    cmd = [sys.executable, __file__, "--leg", *_shared(args)]
+    deadline = args.baseline_deadline if src and args.baseline_deadline else args.deadline
+    cmd = [sys.executable, __file__, "--leg", *_shared(args), f"--deadline={deadline}"]
     _log(f"leg {'baseline ' + str(src) if src else 'this tree'}: {' '.join(cmd)}")
-    limit = args.deadline + args.window + 180  # converge, steady, edits (60 s), stops
+    limit = deadline + args.settle + args.window + 180  # converge, steady, edits (60 s), stops
     try:
         out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, timeout=limit).stdout
     except subprocess.TimeoutExpired as err:  # it printed its figures before stopping kopf
@@ -360,7 +361,7 @@ def _leg(args: argparse.Namespace, src: Path | None) -> list[tuple[str, str]]:
 
 def _shared(args: argparse.Namespace) -> list[str]:
     return [f"--resources={args.resources}", f"--deadline={args.deadline}", f"--window={args.window}",
-            f"--edits={args.edits}"]  # fmt: skip
+            f"--edits={args.edits}", f"--settle={args.settle}"]  # fmt: skip
 
 
 def main() -> int:
@@ -370,10 +371,12 @@ def main() -> int:
     p.add_argument("--window", type=float, default=35.0, help="steady-state window (> PDX_RESYNC_SECONDS)")
     p.add_argument("--edits", type=int, default=20)
     p.add_argument("--baseline-src", type=Path, help="a checkout whose operator is the baseline leg")
+    p.add_argument("--baseline-deadline", type=float, help="the baseline leg's --deadline (one that never converges)")
+    p.add_argument("--settle", type=float, default=2.0, help="seconds from convergence to the steady window")
     p.add_argument("--leg", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.leg:
-        asyncio.run(bench(args.resources, args.deadline, args.window, args.edits))
+        asyncio.run(bench(args.resources, args.deadline, args.window, args.edits, args.settle))
         os._exit(0)  # not waiting for an operator thread that did not stop
     if args.baseline_src is None:
         _print(_leg(args, None))
