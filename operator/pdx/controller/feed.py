@@ -32,6 +32,7 @@ import orjson
 from kubernetes import client as k8s_client
 
 from pdx import kinds
+from pdx.controller.kube import ssl_context
 from pdx.controller.state import index_key
 
 log = logging.getLogger(__name__)
@@ -118,17 +119,7 @@ class Http:
         return self._session
 
     def _ssl(self) -> ssl.SSLContext | bool:
-        c = self.config
-        if not str(c.host).startswith("https"):
-            return False
-        ctx = ssl.create_default_context(cafile=c.ssl_ca_cert)
-        if not c.verify_ssl or c.assert_hostname is False:
-            ctx.check_hostname = False
-        if not c.verify_ssl:
-            ctx.verify_mode = ssl.CERT_NONE
-        if c.cert_file:
-            ctx.load_cert_chain(c.cert_file, c.key_file)
-        return ctx
+        return ssl_context(self.config) if str(self.config.host).startswith("https") else False
 
     def headers(self) -> dict[str, str]:
         """Read on each (re)connect: an in-cluster token file is rotated by the kubelet."""

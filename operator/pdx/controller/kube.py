@@ -1,21 +1,26 @@
 """All Kubernetes API I/O of the operator: get, list, server-side apply, status, delete.
 
-Built on the official client's configuration and connection pool (auth, TLS, kubeconfig or
-in-cluster config) but speaking plain JSON dicts, one urllib3 request per call: rendered
-manifests go out as they are (orjson), and any object can be compared with what was rendered.
-The generated client's own request path (parameter sanitising, serialisation, per-request
-auth refresh) cost about as much CPU as the rest of an apply. One field manager,
-`pdx-operator`, owns every child.
+Built on the official client's configuration (address, auth, TLS; kubeconfig or in-cluster)
+but speaking plain JSON dicts over one keep-alive `http.client` connection per thread:
+rendered manifests go out as they are (orjson), and any object can be compared with what was
+rendered. The generated client's request path (parameter sanitising, serialisation, per-request
+auth refresh), then urllib3's pool and response layers, cost more CPU than the rest of an
+apply; a pass sends a dozen requests in a row on one thread, which needs no pool. Through an
+HTTP proxy (kubeconfig `proxy-url`) calls go through the client's urllib3 pool instead. One
+field manager, `pdx-operator`, owns every child.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import ssl
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import orjson
 import urllib3
@@ -68,6 +73,24 @@ def make_api_client() -> k8s_client.ApiClient:
     return k8s_client.ApiClient(k8s_client.Configuration.get_default_copy())
 
 
+def ssl_context(config: k8s_client.Configuration) -> ssl.SSLContext:
+    """TLS as the client's configuration says: CA, client certificate, verification."""
+    ctx = ssl.create_default_context(cafile=config.ssl_ca_cert)
+    if not config.verify_ssl or config.assert_hostname is False:
+        ctx.check_hostname = False
+    if not config.verify_ssl:
+        ctx.verify_mode = ssl.CERT_NONE
+    if config.cert_file:
+        ctx.load_cert_chain(config.cert_file, config.key_file)
+    return ctx
+
+
+# A keep-alive connection the server closed while idle fails on its next request before the
+# server reads it; that request is sent once more on a new connection (all of ours are
+# idempotent: server-side apply, merge patches, GET, DELETE).
+_STALE = (http.client.RemoteDisconnected, http.client.CannotSendRequest, ConnectionResetError, BrokenPipeError)
+
+
 @dataclass
 class Kube:
     """Synchronous API access; kopf runs sync handlers in its thread pool."""
@@ -77,6 +100,49 @@ class Kube:
     timeout: float = 15.0
     _auth: dict[str, Any] | None = field(default=None, init=False, repr=False)
     _auth_at: float = field(default=-AUTH_REFRESH_SECONDS, init=False, repr=False)
+    _local: threading.local = field(default_factory=threading.local, init=False, repr=False)
+    _ssl: ssl.SSLContext | None = field(default=None, init=False, repr=False)
+
+    def _connection(self) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            where = urlsplit(self.api.configuration.host)
+            if where.scheme == "https":
+                if self._ssl is None:
+                    self._ssl = ssl_context(self.api.configuration)
+                conn = http.client.HTTPSConnection(
+                    where.hostname or "", where.port or 443, timeout=self.timeout, context=self._ssl
+                )
+            else:
+                conn = http.client.HTTPConnection(where.hostname or "", where.port or 80, timeout=self.timeout)
+            self._local.conn = conn
+        return conn
+
+    def _send(self, method: str, target: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, bytes]:
+        """(status, body) of one request on this thread's connection."""
+        if self.api.configuration.proxy:
+            url = f"{self.api.configuration.host}{target}"
+            proxied = self.api.rest_client.pool_manager.request(
+                method, url, body=body, headers=headers, timeout=urllib3.Timeout(total=self.timeout)
+            )
+            return proxied.status, proxied.data or b""
+        target = urlsplit(self.api.configuration.host).path.rstrip("/") + target
+        for attempt in (1, 2):
+            conn = self._connection()
+            try:
+                conn.request(method, target, body=body, headers=headers)
+                resp = conn.getresponse()
+                return resp.status, resp.read()
+            except _STALE:
+                conn.close()
+                self._local.conn = None
+                if attempt == 2:
+                    raise
+            except BaseException:
+                conn.close()
+                self._local.conn = None
+                raise
+        raise AssertionError("unreachable")
 
     def _auth_setting(self) -> dict[str, Any] | None:
         """The bearer token setting, re-read once a minute: the client's own per-request
@@ -104,24 +170,17 @@ class Kube:
             headers["Content-Type"] = content_type or "application/json"
         if (auth := self._auth_setting()) and auth.get("value"):
             headers[str(auth.get("key") or "authorization")] = str(auth["value"])
-        url = f"{self.api.configuration.host}{path}" + (f"?{urlencode(query)}" if query else "")
+        target = path + (f"?{urlencode(query)}" if query else "")
         try:
-            resp = self.api.rest_client.pool_manager.request(
-                method,
-                url,
-                body=orjson.dumps(body) if body is not None else None,
-                headers=headers,
-                timeout=urllib3.Timeout(total=self.timeout),
-            )
-            raw = resp.data or b""
-        except urllib3.exceptions.HTTPError as err:
+            status, raw = self._send(method, target, orjson.dumps(body) if body is not None else None, headers)
+        except (OSError, http.client.HTTPException, urllib3.exceptions.HTTPError) as err:
             raise ApiError(0, method, path, f"transport: {err}") from err
-        if not 200 <= resp.status < 300:
+        if not 200 <= status < 300:
             try:
                 message = json.loads(raw).get("message") or raw[:300].decode(errors="replace")
             except (ValueError, AttributeError):
                 message = raw[:300].decode(errors="replace")
-            raise ApiError(resp.status, method, path, message)
+            raise ApiError(status, method, path, message)
         # orjson: list answers are the bulk of what a pass decodes (several times faster).
         return orjson.loads(raw) if raw else None
 
