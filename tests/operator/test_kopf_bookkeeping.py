@@ -1,6 +1,6 @@
-"""What kopf itself writes on the CR per handled change: nothing. Its diff-base lives in memory
-(pdx.controller.diffbase); in an annotation each create and edit cost a PATCH of the CR and one
-more watch event for kopf to process."""
+"""What kopf itself writes on the CR: its finalizer, nothing per handled change. Its diff-base and
+handler progress live in memory (pdx.controller.bookkeeping); in annotations each create and edit
+cost a PATCH of the CR and one more watch event for kopf to process."""
 
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ from tests.operator.test_reconcile import EXPECTED
 Start = Callable[..., Any]
 
 
+def _verb(request: Any) -> str:
+    return str(getattr(request.method, "value", request.method))
+
+
 def _cr_writes(api: ApiServer, since: int) -> list[str]:
     """Writes of the CR object itself (the status subresource has a path of its own)."""
     return [w for w in writes(api, since) if w.split("?")[0].endswith("/disaggregatedinferences/demo")]
@@ -36,6 +40,10 @@ async def test_an_edit_is_handled_without_writing_to_the_cr(api: ApiServer, oper
     await create_cr(api, cr_document())
     await eventually(lambda: set(children(api)) == EXPECTED, what="all children")
     await asyncio.sleep(1.0)  # kopf's finalizer and whatever it writes after the create
+    # kopf's writes of the CR so far (the status has a path of its own): its finalizer, nothing else
+    kopfs = [r.data for r in api if r.url.path.endswith("/disaggregatedinferences/demo") and _verb(r) == "PATCH"]
+    assert kopfs and all(isinstance(ops, list) for ops in kopfs), kopfs
+    assert {op["path"] for ops in kopfs for op in ops} <= {"/metadata/finalizers", "/metadata/resourceVersion"}
     old = sts_hash(api, "prefill")
     await patch_cr(api, "demo", {"spec": {"kvTransfer": {"decoderKvBlocksTtlSeconds": 1200}}})
     since = request_count(api)
@@ -53,7 +61,7 @@ def test_the_in_memory_diffbase_builds_the_essence_kopf_builds() -> None:
     import kopf
 
     from pdx import labels
-    from pdx.controller.diffbase import MemoryDiffBaseStorage
+    from pdx.controller.bookkeeping import MemoryDiffBaseStorage
 
     raw = {
         **cr_document(),

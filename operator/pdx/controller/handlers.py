@@ -46,7 +46,7 @@ import kopf
 
 from pdx import kinds, labels, rules
 from pdx.controller import metrics
-from pdx.controller.diffbase import MemoryDiffBaseStorage
+from pdx.controller.bookkeeping import MemoryDiffBaseStorage, MemoryProgressStorage
 from pdx.controller.feed import Feeds, Notify
 from pdx.controller.kube import ApiError, Kube, make_api_client
 from pdx.controller.rbac import PEERING_NAME
@@ -283,9 +283,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
         settings.peering.priority = int(os.environ["PDX_OPERATOR_PRIORITY"])
     elif settings.peering.priority == 0:
         settings.peering.priority = 1 + secrets.randbelow(2**30)
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=labels.KOPF_PREFIX)
-    # In memory: one PATCH of the CR and one watch event less per handled change (diffbase.py
-    # says why that is safe for these level-triggered handlers).
+    # In memory: a PATCH of the CR and a watch event less per handled change, and the
+    # `kopf-managed` marker never written (bookkeeping.py says why that is safe here).
+    settings.persistence.progress_storage = memo.progress = MemoryProgressStorage(prefix=labels.KOPF_PREFIX)
     settings.persistence.diffbase_storage = memo.diffbase = MemoryDiffBaseStorage()
     settings.persistence.finalizer = labels.FINALIZER
     # Only with settings.posting.loggers (off by default since kopf 1.40) would handler log
@@ -366,8 +366,9 @@ def deleted(namespace: str | None, name: str, memo: Any, logger: Any, uid: str |
     with _gates_lock:
         _gates.pop((namespace or "", name), None)
     _state(memo).forget(namespace or "", name)
-    if (diffbase := getattr(memo, "diffbase", None)) is not None:
-        diffbase.forget(uid)
+    for kept in (getattr(memo, "diffbase", None), getattr(memo, "progress", None)):
+        if kept is not None:
+            kept.forget(uid)
     logger.info("%s/%s deleted; its children go with it (ownerReferences)", namespace, name)
 
 
