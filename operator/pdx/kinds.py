@@ -1,6 +1,6 @@
-"""The kinds the operator reads and writes, one table: the handlers index (watch) every kind of
-`ALL` from it, the kube layer builds paths from it, RBAC grants from it, and `ListReads` lists
-the children by it."""
+"""The kinds the operator reads and writes, one table: the handlers watch every kind of `ALL`
+from it (kopf the CR, the operator's own feeds the rest), the kube layer builds paths from it,
+RBAC grants from it, and `ListReads` lists the children by it."""
 
 from __future__ import annotations
 

@@ -4,10 +4,11 @@ Two sources produce it:
 
 - `ListReads`: GET the CR and LIST every child kind and pods (about ten requests). Tests, the
   CLI and any one-off pass use it; it needs nothing running.
-- `WatchState`: the operator's. kopf's watches feed one `@kopf.index` per kind (handlers.py
-  registers them from `kinds.ALL`), keyed by (namespace, instance); a snapshot is a few
-  dict look-ups and sends no request. kopf runs no other handler until every indexed kind's
-  first listing is in, so a restarted operator acts only on complete state.
+- `WatchState`: the operator's. kopf's watch of the CR feeds a `@kopf.index`, the operator's
+  own list+watch streams (`feed.Feeds`) one store per child kind and pods, all keyed by
+  (namespace, instance) and read alike; a snapshot is a few dict look-ups and sends no
+  request. The handlers act only once every feed and kopf's index have their first listing,
+  so a restarted operator acts only on complete state.
 
 A watch lags behind the operator's own writes: the next pass would see a child as it was
 before the apply (and apply it again) until the echo arrives. `WatchState` therefore keeps
@@ -94,11 +95,12 @@ def index_key(body: Mapping[str, Any]) -> tuple[str, str] | None:
 
 @dataclass
 class WatchState:
-    """Snapshots from kopf's indexes plus the answers to this operator's own writes.
+    """Snapshots from the watch-fed indexes plus the answers to this operator's own writes.
 
-    `indices` maps each kind's index id to the kopf index (passed to every handler as
-    keyword arguments). Used on kopf's event loop only, where the indexes change, so
-    neither needs a lock.
+    `indices` maps each kind's index id to its index: kopf's for the CR (passed to every
+    handler as a keyword argument), a feed's store for the others; anything with
+    `get(where, default)` answering objects. Used on kopf's event loop only, where the
+    indexes change, so neither needs a lock.
     """
 
     # (namespace, instance) -> (kind, name) -> object as the API answered our apply or status patch
