@@ -166,7 +166,10 @@ class Feed:
                 await self.relist()
                 failures = 0
                 while True:
+                    began = asyncio.get_running_loop().time()
                     await self.watch()  # returns when the server ends the stream: resume
+                    if asyncio.get_running_loop().time() - began < 1.0:
+                        await asyncio.sleep(1.0)  # a server that ends every watch at once is not hammered
             except asyncio.CancelledError:
                 raise
             except Absent:
