@@ -8,6 +8,7 @@ any valid JSON form (spaces, key order, escaped keys, other number forms) reads 
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -16,8 +17,8 @@ import orjson
 
 from .endpoints import Endpoint
 from .entries import Captured
+from .wire import Call, Collect, Head, Sink, TooBig, Wire, WireError
 
-_JSON = {"Content-Type": "application/json"}
 # What a line must contain to be worth a look, in any JSON form: a field's bare name, or a
 # \u escape (a key may be spelled `"token\u005fids"`).
 _KV_NAME = b"kv_transfer_params"
@@ -510,65 +511,80 @@ def filter_response(data: dict[str, Any], capture: bool, strip_ids: bool) -> Cap
 
 
 class Upstream:
-    """The engines' HTTP client: one session, keep-alive, no per-request connection setup."""
+    """The engines' HTTP client. The completion hops go over `wire` (keep-alive, no task
+    switch per chunk); the health and metrics checks over one aiohttp session."""
 
     def __init__(self, timeout_seconds: float) -> None:
-        self._timeout = aiohttp.ClientTimeout(total=timeout_seconds, sock_connect=5)
-        # Decode's answer may stream for longer than the timeout: there it bounds silence (the
-        # wait for the headers and between reads), not the answer's length.
-        self._silence = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=timeout_seconds)
+        self.timeout_seconds = timeout_seconds
+        self.wire = Wire(connect_timeout=5.0)
         self.max_answer_bytes = MAX_ANSWER_BYTES
         self.session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=10)
-        self.session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, json_serialize=_dumps_str)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4, ttl_dns_cache=10)
+        timeout = aiohttp.ClientTimeout(total=self.timeout_seconds, sock_connect=5)
+        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout)
 
     async def close(self) -> None:
+        await self.wire.close()
         if self.session is not None:
             await self.session.close()
+
+    async def post_json(self, ep: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        """POST and return the JSON answer within the timeout; 4xx -> ClientFacingError, a
+        malformed answer -> MalformedAnswer (with its status), else UpstreamError."""
+        head, raw = await self.post(ep, path, orjson.dumps(body), headers, total=True)
+        return json_object(ep, head.status, raw)
+
+    async def post(
+        self, ep: Endpoint, path: str, body: bytes, headers: dict[str, str], total: bool
+    ) -> tuple[Head, bytes]:
+        """POST and read the whole answer (at most max_answer_bytes) of status < 400. `total`:
+        the timeout bounds the whole call (prefill, /tokenize); else the silence between
+        bytes (a JSON decode answer may take longer to generate than the timeout)."""
+        sink = Collect(self.max_answer_bytes)
+        call: Call | None = None
+        try:
+            async with asyncio.timeout(self.timeout_seconds if total else None):
+                call = sink.call = await self.wire.send(
+                    ep.url, path, body, headers, sink, silence=None if total else self.timeout_seconds
+                )
+                raw = await sink.done
+        except TooBig as exc:
+            raise MalformedAnswer(ep, sink.head_.status if sink.head_ else 200, str(exc)) from None
+        except (WireError, TimeoutError) as exc:
+            raise UpstreamError(ep, None, repr(exc)) from exc
+        finally:
+            if call is not None:
+                call.abort()  # timed out or cancelled, the engine aborts the request (a no-op once answered)
+        head = sink.head_
+        assert head is not None
+        check_status(ep, head, raw)
+        return head, raw
+
+    async def stream(self, ep: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str], sink: Sink) -> Call:
+        """Start a request whose answer goes to `sink` as it comes (the decode hop); the
+        timeout bounds silence, not the answer's length."""
+        try:
+            return await self.wire.send(ep.url, path, orjson.dumps(body), headers, sink, silence=self.timeout_seconds)
+        except WireError as exc:
+            raise UpstreamError(ep, None, repr(exc)) from exc
 
     def _s(self) -> aiohttp.ClientSession:
         assert self.session is not None, "Upstream.start() was not called"
         return self.session
-
-    async def post_json(self, ep: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-        """POST and return the JSON answer; 4xx -> ClientFacingError, a malformed answer ->
-        MalformedAnswer (with its status), else UpstreamError."""
-        try:
-            async with self._s().post(ep.url + path, data=orjson.dumps(body), headers={**headers, **_JSON}) as resp:
-                raw = await read_capped(ep, resp, self.max_answer_bytes)
-                if resp.status >= 500:
-                    raise UpstreamError(ep, resp.status, raw[:300].decode(errors="replace"))
-                if resp.status >= 400:
-                    raise ClientFacingError(resp.status, raw, resp.content_type)
-                return json_object(ep, resp.status, raw)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise UpstreamError(ep, None, repr(exc)) from exc
-
-    def open(self, ep: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
-        """Start a request whose answer is read incrementally (the decode hop)."""
-        return self._s().post(
-            ep.url + path, data=orjson.dumps(body), headers={**headers, **_JSON}, timeout=self._silence
-        )
 
     async def get(self, url: str, timeout: float) -> tuple[int, bytes]:
         async with self._s().get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             return resp.status, await resp.read()
 
 
-async def read_capped(ep: Endpoint, resp: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The whole answer, or MalformedAnswer once it is longer than `limit`."""
-    if resp.content_length is not None and resp.content_length > limit:
-        raise MalformedAnswer(ep, resp.status, f"answer of {resp.content_length} bytes, above {limit}")
-    parts: list[bytes] = []
-    size = 0
-    async for block in resp.content.iter_any():
-        size += len(block)
-        if size > limit:
-            raise MalformedAnswer(ep, resp.status, f"answer above {limit} bytes")
-        parts.append(block)
-    return b"".join(parts)
+def check_status(ep: Endpoint, head: Head, raw: bytes) -> None:
+    """5xx -> UpstreamError (may be retried), 4xx -> ClientFacingError (the client's fault)."""
+    if head.status >= 500:
+        raise UpstreamError(ep, head.status, raw[:300].decode(errors="replace"))
+    if head.status >= 400:
+        raise ClientFacingError(head.status, raw, head.content_type)
 
 
 def json_object(ep: Endpoint, status: int, raw: bytes) -> dict[str, Any]:
@@ -580,10 +596,6 @@ def json_object(ep: Endpoint, status: int, raw: bytes) -> dict[str, Any]:
     if not isinstance(out, dict):
         raise MalformedAnswer(ep, status, "answer is not a JSON object")
     return out
-
-
-def _dumps_str(obj: Any) -> str:
-    return orjson.dumps(obj).decode()
 
 
 _BLOCK_SIZE_RE = re.compile(rb'vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"')
