@@ -25,6 +25,8 @@ _KV_NAME = b"kv_transfer_params"
 _ID_NAME = b"token_ids"  # in both id fields: one search rules both out
 _ESCAPE = b"\\u"
 _PROMPT = b'"prompt_'
+_DATA_OBJ = b"data: {"
+_ONE_ID = re.compile(rb',"token_ids":\[(0|[1-9][0-9]{0,9})\]')  # one id, as vLLM writes it
 _INT_LIST = b"0123456789,[]"  # what a compact list of ints is made of
 _MISSING: Any = object()
 _INT_ONLY = {int}
@@ -250,6 +252,17 @@ class StreamFilter:
         small = len(data) <= self.max_line_bytes  # else some event may be above the limit
         if small and not slow and (not self._ids or data.find(_ID_NAME) < 0):
             return data  # names nothing (an event of several data lines too: as it came)
+        if not slow and small and data.find(b"\n") == len(data) - 2 and data.startswith(_DATA_OBJ) and data[-1] == 0x0A:
+            # vLLM's block: one compact data line and the empty line that ends its event
+            # (no CR: _multi_data's precondition), the path of every streamed token.
+            try:
+                return self._compact(data) if data.find(b"\r") < 0 else self._ready_lines(data, slow)
+            except _NotCompact:
+                pass
+        return self._ready_lines(data, slow)
+
+    def _ready_lines(self, data: bytes, slow: bool) -> bytes:
+        small = len(data) <= self.max_line_bytes
         if small and not _multi_data(data):
             out = []
             for x in data.splitlines(keepends=True):
@@ -378,6 +391,15 @@ class StreamFilter:
         i = line.find(_ID_NAME)
         if i < 0:
             return line
+        one = _ONE_ID.search(line, i - 2)
+        if one is not None and one.start() == i - 2 and line.find(_ID_NAME, one.end()) < 0:
+            # A streamed token's chunk: one output id, the line's only id field.
+            if self.capture:
+                cap = self.captured
+                cap.choices = max(cap.choices, 1)
+                if cap.output_ids is not None:
+                    cap.output_ids.append(int(one.group(1)))
+            return line[: one.start()] + line[one.end() :] if self.strip_ids else line
         prompt: list[int] | None = None
         outs: list[list[int]] = []
         pieces: list[bytes] = []
