@@ -102,6 +102,13 @@ class _Chunked:
     def feed(self, data: bytes) -> tuple[bytes, bool]:
         if self._buf:
             data, self._buf = self._buf + data, b""
+        elif not (self._need or self._crlf or self._trailer):
+            # The common read: exactly one whole chunk (a streamed event), sized in plain hex.
+            eol = data.find(b"\r\n", 0, 16)
+            if eol > 0 and not data[:eol].strip(_HEX):
+                end = eol + 2 + int(data[:eol], 16)
+                if end + 2 == len(data) and end > eol + 2 and data.endswith(b"\r\n"):
+                    return data[eol + 2 : end], False
         out: list[bytes] = []
         pos, n = 0, len(data)
         while pos < n:

@@ -96,6 +96,12 @@ def test_a_chunked_body_reads_the_same_however_the_socket_splits_it() -> None:
         assert decode_all(data, step) == (b"data: {}\n\n" + b"x" * 300 + b"data: [DONE]\n\n", True)
 
 
+def test_a_chunked_body_read_one_whole_chunk_at_a_time_reads_the_same() -> None:
+    c, parts = _Chunked(), [b"data: {}\n\n", b"y" * 4000, b"data: [DONE]\n\n"]
+    reads = [b"%x\r\n%s\r\n" % (len(p), p) for p in parts] + [b"0\r\n\r\n"]
+    assert [c.feed(r) for r in reads] == [(p, False) for p in parts] + [(b"", True)]
+
+
 def test_chunk_extensions_and_trailers_are_read_and_dropped() -> None:
     data = b"5;name=value\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n"
     assert decode_all(data, 1) == (b"hello", True)
