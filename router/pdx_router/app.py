@@ -29,6 +29,7 @@ from .config import ConfigError, RouterConfig
 from .discovery import Discovery, Pool
 from .endpoints import Endpoint
 from .entries import Captured, Entry
+from .ids import IdText, of_list
 from .metrics import Metrics
 from .policy import Outcome, engines, retry, reuse, shapes
 from .policy.retry import Attempt, Hop, Retry
@@ -46,6 +47,7 @@ from .upstream import (
     check_status,
     filter_response,
     json_object,
+    tokenized_ids,
     well_formed_kv,
 )
 from .wire import ConnectTimeout
@@ -241,24 +243,24 @@ class Router:
             if text is not None and (ids := self.chat_tokens.resume(text, entry.prefix, entry.token_ids)) is not None:
                 self.metrics.prompt_ids_from(IdsSource.LOCAL)
                 return PromptIds(ids, IdsSource.LOCAL, text)
-        ids = await self._tokenize(prefill, ask)
+        ids = await self._tokenize(prefill, ask, entry.token_ids)
         return PromptIds(ids, IdsSource.ENGINE if ids is not None else None, text)
 
-    async def _tokenize(self, prefill: Endpoint, ask: ClientRequest) -> list[int] | None:
+    async def _tokenize(self, prefill: Endpoint, ask: ClientRequest, held: IdText) -> IdText | None:
         """The prompt's ids from the engine, rendered with the request's template arguments."""
         tok = shapes.tokenize_body(ask.body, ask.is_chat, ask.body.get("model"))
         if tok is None:
             return None
         try:
-            answer = await self.upstream.post_json(prefill, "/tokenize", tok, ask.headers)
+            _, raw = await self.upstream.post(prefill, "/tokenize", orjson.dumps(tok), ask.headers, total=True)
         except (UpstreamError, ClientFacingError) as exc:
             log.warning("tokenize failed, no reuse this turn: %s", exc)
             return None
-        tokens = answer.get("tokens")
-        if not isinstance(tokens, list):
+        ids = tokenized_ids(raw, held)
+        if ids is None:
             return None
         self.metrics.prompt_ids_from(IdsSource.ENGINE)
-        return tokens
+        return ids
 
     async def _serve(self, req: web.Request, ask: ClientRequest, started: float) -> web.StreamResponse:
         gen = self._generation()
@@ -494,12 +496,12 @@ class Router:
                 self._distrust()
             return
         if kept.entry is not None:
-            prefix = await self._prefix_for_next_turn(ask, plan.text, cap.prompt_ids)
+            prefix = await self._prefix_for_next_turn(ask, plan.text, cap.prompt(done.attempt.compared_ids))
             if ask.tenant is not None:  # a client without an identity shares nothing
                 await self._put(ask.key, replace(kept.entry, prefix=prefix, tenant=ask.tenant))
 
     async def _prefix_for_next_turn(
-        self, ask: ClientRequest, text: str | None, prompt_ids: list[int] | None
+        self, ask: ClientRequest, text: str | None, prompt_ids: IdText | None
     ) -> TextPrefix | None:
         """Where the router's tokenizer can resume next turn; on probation, first check it
         tokenizes this whole prompt exactly as the engine did."""
@@ -511,7 +513,7 @@ class Router:
             return None
         if not self.trust.trusted:
             # A whole prompt, 8 times per process: off the event loop.
-            if await asyncio.to_thread(tok.encode_in_thread, text) != prompt_ids:
+            if of_list(await asyncio.to_thread(tok.encode_in_thread, text)) != prompt_ids:
                 self._distrust()
                 return None
             # The state after the await: another turn may have changed it meanwhile.

@@ -17,6 +17,7 @@ import orjson
 
 from .endpoints import Endpoint
 from .entries import Captured
+from .ids import IdText, of_json_beside, of_list
 from .wire import Call, Collect, Head, Sink, TooBig, Wire, WireError
 
 # What a line must contain to be worth a look, in any JSON form: a field's bare name, or a
@@ -391,8 +392,8 @@ class StreamFilter:
         i = line.find(_ID_NAME)
         if i < 0:
             return line
-        one = _ONE_ID.search(line, i - 2)
-        if one is not None and one.start() == i - 2 and line.find(_ID_NAME, one.end()) < 0:
+        one = _ONE_ID.match(line, i - 2)
+        if one is not None and line.find(_ID_NAME, one.end()) < 0:
             # A streamed token's chunk: one output id, the line's only id field.
             if self.capture:
                 cap = self.captured
@@ -400,7 +401,7 @@ class StreamFilter:
                 if cap.output_ids is not None:
                     cap.output_ids.append(int(one.group(1)))
             return line[: one.start()] + line[one.end() :] if self.strip_ids else line
-        prompt: list[int] | None = None
+        prompt: bytes | None = None
         outs: list[list[int]] = []
         pieces: list[bytes] = []
         pos = 0
@@ -421,16 +422,18 @@ class StreamFilter:
                 if end <= 0:
                     raise _NotCompact
                 raw = line[j:end]
-                try:
-                    ids = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    raise _NotCompact from None
-                if raw.strip(_INT_LIST) and (ids := token_ids(ids)) is None:
-                    raise _NotCompact
-                if is_prompt:
-                    prompt = ids if prompt is None else prompt
+                if is_prompt:  # thousands of ids: kept as decode wrote them (see Captured.prompt)
+                    if raw.translate(None, _INT_LIST):
+                        raise _NotCompact  # not a compact list of ints: parsed, or refused
+                    prompt = raw if prompt is None else prompt
                 else:
-                    outs.append(ids)
+                    try:
+                        out = orjson.loads(raw)
+                    except orjson.JSONDecodeError:
+                        raise _NotCompact from None
+                    if raw.strip(_INT_LIST) and (out := token_ids(out)) is None:
+                        raise _NotCompact
+                    outs.append(out)
             else:
                 raise _NotCompact
             if self.strip_ids:
@@ -450,12 +453,16 @@ class StreamFilter:
         pieces.append(line[pos:])
         return b"".join(pieces)
 
-    def _capture(self, prompt: list[int] | None, outs: list[list[int]]) -> None:
+    def _capture(self, prompt: bytes | IdText | None, outs: list[list[int]], raw: bool = True) -> None:
+        """prompt: a JSON array as decode wrote it (raw), or ids' text (not raw)."""
         if not self.capture:
             return
         cap = self.captured
-        if prompt is not None:
-            cap.prompt_ids = prompt
+        if prompt is not None and cap.prompt_raw is None and cap.prompt_ids is None:
+            if raw:
+                cap.prompt_raw = prompt
+            else:
+                cap.prompt_ids = IdText(prompt)
         if outs:
             cap.choices = max(cap.choices, len(outs))
             if cap.output_ids is not None:
@@ -502,7 +509,13 @@ class StreamFilter:
                         outs.append(ids)
                     elif prompt is None:
                         prompt = ids
-            self._capture(prompt, outs)
+            text = None
+            if prompt is not None:
+                try:
+                    text = of_list(prompt)
+                except ValueError:
+                    self._break()  # a negative id: no token
+            self._capture(text, outs, raw=False)
         return changed
 
 
@@ -521,7 +534,11 @@ def filter_response(data: dict[str, Any], capture: bool, strip_ids: bool) -> Cap
     if capture and choices and isinstance(choices[0], dict):
         first = choices[0]
         prompt = prompt if prompt is not None else first.get("prompt_token_ids")
-        cap.prompt_ids = token_ids(prompt)
+        prompt = token_ids(prompt)
+        try:
+            cap.prompt_ids = of_list(prompt) if prompt is not None else None
+        except ValueError:
+            cap.prompt_ids = None  # a negative id: no token
         cap.output_ids = token_ids(first.get("token_ids"))
     if strip_ids:
         data.pop("prompt_token_ids", None)
@@ -607,6 +624,32 @@ def check_status(ep: Endpoint, head: Head, raw: bytes) -> None:
         raise UpstreamError(ep, head.status, raw[:300].decode(errors="replace"))
     if head.status >= 400:
         raise ClientFacingError(head.status, raw, head.content_type)
+
+
+_TOKENS = b'"tokens":['
+
+
+def tokenized_ids(raw: bytes, known: IdText) -> IdText | None:
+    """The ids of a /tokenize answer (`{"count":..,"tokens":[..],..}`), or None if it has
+    none. vLLM's compact array is taken as text, checked beside `known` (ids.of_json_beside),
+    and the rest of the answer must be a JSON object; any other form is parsed."""
+    i = raw.find(_TOKENS)
+    end = raw.find(b"]", i + 9) if i > 0 else -1
+    if end > 0 and raw[i - 1] in (0x7B, 0x2C) and raw.find(_TOKENS, end) < 0:
+        try:
+            rest = orjson.loads(raw[: i + 9] + b"[]" + raw[end + 1 :])
+        except orjson.JSONDecodeError:
+            return None
+        return of_json_beside(raw[i + 9 : end + 1], known) if isinstance(rest, dict) else None
+    try:
+        answer = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    tokens = token_ids(answer.get("tokens")) if isinstance(answer, dict) else None
+    try:
+        return of_list(tokens) if tokens is not None else None
+    except ValueError:
+        return None
 
 
 def json_object(ep: Endpoint, status: int, raw: bytes) -> dict[str, Any]:
