@@ -240,7 +240,8 @@ class Router:
         text = None
         if ask.is_chat and self.chat_tokens is not None and self.trust.trusted:
             text = self.chat_tokens.render(ask.body)
-            if text is not None and (ids := self.chat_tokens.resume(text, entry.prefix, entry.token_ids)) is not None:
+            held, held_n = entry.token_ids, entry.num_tokens
+            if text is not None and (ids := self.chat_tokens.resume(text, entry.prefix, held, held_n)) is not None:
                 self.metrics.prompt_ids_from(IdsSource.LOCAL)
                 return PromptIds(ids, IdsSource.LOCAL, text)
         ids = await self._tokenize(prefill, ask, entry.token_ids)

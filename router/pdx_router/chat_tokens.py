@@ -169,16 +169,14 @@ class ChatTokenizer:
             return None
         return TextPrefix(cut, _digest(text[:cut]), ids.count(prompt) - ids.count(tail))
 
-    def resume(self, text: str, prefix: TextPrefix | None, held: IdText) -> IdText | None:
-        """This prompt's ids from the held head plus the encoded tail, or None if the head
-        is not this prompt's."""
-        if prefix is None or len(text) < prefix.chars:
+    def resume(self, text: str, prefix: TextPrefix | None, held: IdText, held_n: int) -> IdText | None:
+        """This prompt's ids from the held head (of held_n ids) plus the encoded tail, or
+        None if the head is not this prompt's."""
+        if prefix is None or len(text) < prefix.chars or held_n < prefix.tokens:
             return None
         if _digest(text[: prefix.chars]) != prefix.digest:
             return None
-        head = ids.head(held, prefix.tokens)
-        if ids.count(head) < prefix.tokens:
-            return None
+        head = ids.head(held, prefix.tokens, held_n)
         return ids.join(head, ids.of_list(self.encode(text[prefix.chars :])))
 
 

@@ -74,11 +74,12 @@ def count(t: bytes) -> int:
     return t.count(b",") + 1 if t else 0
 
 
-def head(t: IdText, n: int) -> IdText:
-    """The first n ids (all of them if there are fewer)."""
+def head(t: IdText, n: int, total: int | None = None) -> IdText:
+    """The first n ids (all of them if there are fewer); `total`: how many t has, if known
+    (counting commas is a pass over the text: ~45 us for 8k ids here)."""
     if n <= 0:
         return EMPTY
-    total = count(t)
+    total = count(t) if total is None else total
     if n >= total:
         return t
     if total - n < n:  # cut near the end: walk back from it
@@ -121,6 +122,18 @@ def common_bytes(a: bytes, b: bytes) -> int:
     while a[lo] == b[lo]:
         lo += 1
     return lo
+
+
+def compare(held: IdText, held_n: int, prompt: IdText) -> tuple[int, bool, bool]:
+    """(ids in common, held has more, prompt has more), given held's count: only commas past
+    the common bytes are counted, so a prompt that extends held costs no pass over it."""
+    d = common_bytes(held, prompt)
+    if d == 0:
+        return 0, bool(held), bool(prompt)
+    before = held_n - 1 - held.count(b",", d)  # commas in held[:d]
+    if held[d : d + 1] in (b"", b",") and prompt[d : d + 1] in (b"", b","):
+        return before + 1, len(held) > d, len(prompt) > d
+    return before, True, True  # both go on with ids of their own (they differ at d)
 
 
 def common_prefix(a: bytes, b: bytes) -> int:

@@ -1,4 +1,4 @@
-"""Block arithmetic for the KV a reused turn reads (the prefix check itself is `ids.common_prefix`)."""
+"""Block arithmetic for the KV a reused turn reads (the prefix check itself is `ids.compare`)."""
 
 from __future__ import annotations
 

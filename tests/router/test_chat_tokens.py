@@ -12,7 +12,7 @@ import pytest
 from pdx.local.localmodel import build_local_model
 from pdx_router.chat_tokens import ChatTokenizer, TextPrefix
 from pdx_router.config import ConfigError
-from pdx_router.ids import of_list
+from pdx_router.ids import count, of_list
 from pdx_router.testing.fake_engine import Cluster
 
 from .conftest import Stack, StackFactory
@@ -52,7 +52,7 @@ def test_resumed_ids_equal_a_whole_encode_on_growing_chats(tok: ChatTokenizer) -
             assert text is not None
             whole = tok.encode(text)
             assert tok.encode_in_thread(text) == whole
-            ids = tok.resume(text, prefix, held)
+            ids = tok.resume(text, prefix, held, count(held))
             if ids is not None:
                 assert ids == of_list(whole)
                 resumed += 1
@@ -70,7 +70,7 @@ def test_an_edited_head_is_not_resumed(tok: ChatTokenizer) -> None:
     edited = [user(LONG.replace("word7 ", "word7x ")), assistant("a"), user("b")]
     edited_text = tok.render({"messages": edited})
     assert edited_text is not None
-    assert tok.resume(edited_text, prefix, ids) is None
+    assert tok.resume(edited_text, prefix, ids, count(ids)) is None
 
 
 def test_renders_like_transformers_apply_chat_template(tok: ChatTokenizer, model_dir: Path) -> None:

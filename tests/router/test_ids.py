@@ -25,6 +25,8 @@ def test_the_prefix_check_on_text_equals_the_one_on_ints_wherever_the_ids_diverg
         b = a[: rng.randrange(0, len(a) + 1)] + [rng.choice([0, 1, 10, 12, 120, 1234]) for _ in range(rng.randrange(3))]
         assert ids.common_prefix(of_list(a), of_list(b)) == lcp(a, b), (a, b)
         assert ids.common_prefix(of_list(b), of_list(a)) == lcp(a, b), (a, b)
+        n = lcp(a, b)
+        assert ids.compare(of_list(a), len(a), of_list(b)) == (n, len(a) > n, len(b) > n), (a, b)
 
 
 def test_head_count_join_and_ends_with_agree_with_lists() -> None:

@@ -62,13 +62,11 @@ def plan_reuse(entry: Entry, prompt_ids: IdText, threshold: int) -> ReusePlan:
 
     The last prompt token is always left for prefill to compute (it needs logits).
     """
-    held, held_n = entry.token_ids, ids.count(entry.token_ids)
-    if held_n > entry.num_tokens:  # (entries are stored cut to it)
-        held, held_n = ids.head(held, entry.num_tokens), entry.num_tokens
-    lcp, prompt_n = ids.common_prefix(held, prompt_ids), ids.count(prompt_ids)
-    usable = min(lcp, prompt_n - 1)
+    # An entry holds exactly num_tokens ids (make_entry cuts them so).
+    lcp, held_more, prompt_more = ids.compare(entry.token_ids, entry.num_tokens, prompt_ids)
+    usable = lcp if prompt_more else lcp - 1
     if usable < max(threshold, 1):
-        diverged = lcp < held_n and lcp < prompt_n
+        diverged = held_more and prompt_more
         return ReusePlan(Outcome.PREFIX_MISMATCH if diverged else Outcome.BELOW_THRESHOLD)
     # A deep copy (the entry must stay intact); kv is JSON from decode's answer, and a JSON
     # round trip copies it ~7x faster than copy.deepcopy, on the TTFT path.
@@ -189,9 +187,10 @@ def make_entry(
         output = ids.of_list(output_ids)
     except ValueError:
         return None  # an id no token has: decode's answer is not to be built on
-    held = ids.head(ids.join(prompt_ids, output), n)
-    if ids.count(held) < n:
+    total = ids.count(prompt_ids) + len(output_ids)
+    if total < n:
         return None  # we cannot name every token decode holds: never guess
+    held = ids.head(ids.join(prompt_ids, output), n, total)
     return Entry(
         kv=dict(decode_kv),
         token_ids=held,
