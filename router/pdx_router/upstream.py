@@ -208,19 +208,19 @@ class StreamFilter:
         rather than once per SSE line. An unfinished line, or an event not yet ended by its
         empty line from its first data line on, waits for the next block: kept as the blocks
         came and joined once, when it is whole, so a long event costs time linear in its size."""
-        if not self._held and data[-2:] == b"\n\n" and not self.oversized and len(data) <= self.max_line_bytes:
-            # Whole events naming no field (most of a stream): as _take and _ready would, in one step.
-            if data.find(_KV_NAME) < 0 and data.find(b"\\") < 0:
-                if not self._ids or data.find(_ID_NAME) < 0:
+        whole = not self._held and data[-2:] == b"\n\n" and not self.oversized and len(data) <= self.max_line_bytes
+        # Whole events naming no field (most of a stream): as _take and _ready would, in one step.
+        if whole and data.find(_KV_NAME) < 0 and data.find(b"\\") < 0:
+            if not self._ids or data.find(_ID_NAME) < 0:
+                self._event = False
+                return data
+            if data.find(b"\n") == len(data) - 2 and data.startswith(_DATA_OBJ) and data.find(b"\r") < 0:
+                try:  # a streamed token's event: one compact data line (see _ready)
+                    out = self._compact(data)
                     self._event = False
-                    return data
-                if data.find(b"\n") == len(data) - 2 and data.startswith(_DATA_OBJ) and data.find(b"\r") < 0:
-                    try:  # a streamed token's event: one compact data line (see _ready)
-                        out = self._compact(data)
-                        self._event = False
-                        return out
-                    except _NotCompact:
-                        pass
+                    return out
+                except _NotCompact:
+                    pass
         if self.oversized or not data:
             return b""  # the relay ends the stream
         if self._held:
