@@ -172,7 +172,8 @@ class Router:
         started = time.perf_counter()
         rid = shapes.request_id(req.headers.get("X-Request-ID"), uuid.uuid4().hex)
         try:
-            raw = await asyncio.wait_for(req.read(), self.cfg.body_timeout_seconds)
+            async with asyncio.timeout(self.cfg.body_timeout_seconds):  # (wait_for would start a task)
+                raw = await req.read()
             body = orjson.loads(raw)
         except TimeoutError:
             seconds = self.cfg.body_timeout_seconds
