@@ -118,8 +118,14 @@ class StreamRelay:
 
     def release(self, transport: asyncio.Transport | None, chunked: bool) -> None:
         """Let decode's bytes come again; with the client's socket, the relay writes them to
-        it itself (after the first write, which carries aiohttp's status line and headers)."""
-        self.held = False
+        it itself (after the first write, which carries aiohttp's status line and headers).
+        While something is still for the coroutine (blocks held, the end, a failure), it stays
+        held: no callback would come to wake it (one read may bring the head, the body and
+        the end at once)."""
         self._out, self._chunked = transport, chunked
+        if self.pending or self.ended or self.failed is not None or self.client_gone:
+            self._out = None
+            return
+        self.held = False
         if self.call is not None:
             self.call.resume()
