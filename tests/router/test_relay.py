@@ -49,6 +49,7 @@ async def test_a_stream_read_whole_in_one_read_is_relayed_whole(
     s = await make_stack(decode=(decode_in_one_write,))
     body = {"model": "Qwen", "messages": [user("hello")], "stream": True}
     timeout = aiohttp.ClientTimeout(total=5)
-    async with aiohttp.ClientSession(timeout=timeout) as http, http.post(s.url + "/v1/chat/completions", json=body) as r:
+    url = s.url + "/v1/chat/completions"
+    async with aiohttp.ClientSession(timeout=timeout) as http, http.post(url, json=body) as r:
         got = await r.read()
     assert r.status == 200 and got == b"".join(EVENTS)
