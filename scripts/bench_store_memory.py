@@ -109,7 +109,9 @@ async def turns(url: str, n: int, tokens: int, conversation: bool, concurrency: 
             if r.status != 200:
                 raise RuntimeError(f"turn {i}: HTTP {r.status}")
 
-    async with aiohttp.ClientSession(headers={"Content-Type": "application/json"}) as http:
+    # An API key: the router's default tenancy stores nothing for a client without an identity.
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer bench"}
+    async with aiohttp.ClientSession(headers=headers) as http:
         await asyncio.gather(*(one(i, http) for i in range(n)))
 
 
