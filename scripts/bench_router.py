@@ -190,15 +190,16 @@ def _stat(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
-def tree_cpu(pid: int) -> float:
+def tree_cpu(pid: int, system_only: bool = False) -> float:
     """User + system CPU of a process and its descendants so far (Linux /proc; all threads,
-    and reaped children's): what a router costs, whatever it spawns."""
+    and reaped children's): what a router costs, whatever it spawns. `system_only`: the
+    kernel's part (the socket calls), to tell it from the router's own code."""
     total, todo = 0, [pid]
     while todo:
         p = todo.pop()
         try:
             f = _stat(p)
-            total += int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])
+            total += int(f[12]) + int(f[14]) if system_only else int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])
             for task in Path(f"/proc/{p}/task").iterdir():
                 todo += [int(c) for c in (task / "children").read_text().split()]
         except (FileNotFoundError, ProcessLookupError):
@@ -442,7 +443,7 @@ async def main_async(args: argparse.Namespace) -> None:
             await run(tok.turn, 8, 1, "probation", True)  # 8 matches: the tokenizer is trusted
         head = (
             f"{'conc':>4} {'target':<15} {'TTFT p50':>8} {'p99':>7} {'added p50':>9} {'p99':>7} {'req/s':>6} "
-            f"{'CPU ms/req':>10} {'µs/chunk':>8} {'x pdx':>6} {'fakes cores':>11} {'lag p99':>7}"
+            f"{'CPU ms/req':>10} {'sys':>4} {'µs/chunk':>8} {'x pdx':>6} {'fakes cores':>11} {'lag p99':>7}"
         )
         for rep in range(args.reps):
             print(f"\nrep {rep + 1}\n{head}\n" + "-" * len(head))
@@ -456,6 +457,7 @@ async def main_async(args: argparse.Namespace) -> None:
                     async with aiohttp.ClientSession() as s:
                         await fake_lag(s, pp)  # reset
                         c0, e0, w0 = tree_cpu(t.pid) if t.pid else 0.0, tree_cpu(engines_pid), time.perf_counter()
+                        s0 = tree_cpu(t.pid, system_only=True) if t.pid else 0.0
                         ttfts, chunks, rps = await run(t.turn, conc, args.turns, f"{t.name}{rep}-{conc}", t.reuse)
                         wall = time.perf_counter() - w0
                         lag = await fake_lag(s, pp)
@@ -464,10 +466,12 @@ async def main_async(args: argparse.Namespace) -> None:
                     if base is None:
                         base, base99 = p50, p99
                     added = f"{'':>9} {'':>7}" if t.pid is None else f"{p50 - base:>+9.2f} {p99 - base99:>+7.2f}"
-                    cpu = per_chunk = ratio = ""
+                    cpu = per_chunk = ratio = sys_share = ""
                     if t.pid:
                         n = len(ttfts) + 2 * conc  # the warm-up turns ran in the same window
-                        ms = ((tree_cpu(t.pid) - c0) - t.idle * wall) * 1000 / n
+                        used = tree_cpu(t.pid) - c0
+                        sys_share = f"{(tree_cpu(t.pid, system_only=True) - s0) / used:.0%}" if used else ""
+                        ms = (used - t.idle * wall) * 1000 / n
                         if t.name == "pdx":
                             pdx_cpu = ms
                         cpu = f"{ms:.3f}"
@@ -475,7 +479,7 @@ async def main_async(args: argparse.Namespace) -> None:
                         ratio = f"{ms / pdx_cpu:.2f}" if pdx_cpu else ""
                     print(
                         f"{conc:>4} {t.name:<15} {p50:>8.2f} {p99:>7.2f} {added} {rps:>6.1f} "
-                        f"{cpu:>10} {per_chunk:>8} {ratio:>6} {fakes:>11.2f} {lag:>7.1f}"
+                        f"{cpu:>10} {sys_share:>4} {per_chunk:>8} {ratio:>6} {fakes:>11.2f} {lag:>7.1f}"
                     )
     finally:
         for p in procs:

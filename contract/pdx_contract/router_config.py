@@ -32,8 +32,8 @@ class StoreConfig(Document):
     url: str | None = None
     key_prefix: str = "pdx:"
     max_bytes: int = Field(default=DEFAULT_STORE_BYTES, ge=1)
-    """The entries' bytes, all tenants together (ids at 4 bytes a token, kv JSON, a fixed
-    overhead each): beyond it, the oldest go. In memory, per router replica."""
+    """The entries' bytes, all tenants together (ids as their text, ~6.5 bytes a token; kv
+    JSON; a fixed overhead each): beyond it, the oldest go. In memory, per router replica."""
     max_bytes_per_tenant: int | None = Field(default=None, ge=1)
     """One tenant's share: a tenant beyond it drops its own oldest entries, never another's.
     Unset: a quarter of maxBytes."""

@@ -292,8 +292,8 @@ class RouterStoreSpec(_Spec):
     url: str | None = Field(default=None, pattern=r"^rediss?://")
     """Redis URL, required for kind `redis`."""
     max_bytes: Quantity = "512Mi"
-    """The entries' bytes, all tenants together (token ids at 4 bytes a token, decode's block
-    metadata, a fixed overhead each); beyond it the oldest entries go. In memory: per router
+    """The entries' bytes, all tenants together (token ids as their text, ~6.5 bytes a token;
+    decode's block metadata; a fixed overhead each); beyond it the oldest entries go. In memory: per router
     replica, and the router's memory limit is derived from it (unless `resources.memory` is
     set). In Redis: the values' bytes there."""
     max_bytes_per_tenant: Quantity | None = None

@@ -13,11 +13,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.http_writer import StreamWriter
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -29,12 +29,14 @@ from .config import ConfigError, RouterConfig
 from .discovery import Discovery, Pool
 from .endpoints import Endpoint
 from .entries import Captured, Entry
+from .ids import IdText, of_list
 from .metrics import Metrics
 from .policy import Outcome, engines, retry, reuse, shapes
 from .policy.retry import Attempt, Hop, Retry
 from .policy.reuse import IdsSource, PromptIds, TurnPlan
 from .policy.shapes import ClientRequest
 from .policy.trust import TokenizerTrust
+from .relay import StreamRelay
 from .store import MemoryStore, RedisStore, Store
 from .upstream import (
     ClientFacingError,
@@ -42,11 +44,13 @@ from .upstream import (
     StreamFilter,
     Upstream,
     UpstreamError,
+    check_status,
     filter_response,
     json_object,
-    read_capped,
+    tokenized_ids,
     well_formed_kv,
 )
+from .wire import ConnectTimeout
 
 log = logging.getLogger("pdx_router")
 
@@ -86,7 +90,7 @@ class EngineTimeout(UpstreamError):
 
 def _is_timeout(exc: BaseException | None) -> bool:
     """The total timeout ran out (a connect timeout is an engine that cannot be reached)."""
-    return isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ConnectionTimeoutError)
+    return isinstance(exc, TimeoutError) and not isinstance(exc, ConnectTimeout)
 
 
 class Router:
@@ -168,7 +172,8 @@ class Router:
         started = time.perf_counter()
         rid = shapes.request_id(req.headers.get("X-Request-ID"), uuid.uuid4().hex)
         try:
-            raw = await asyncio.wait_for(req.read(), self.cfg.body_timeout_seconds)
+            async with asyncio.timeout(self.cfg.body_timeout_seconds):  # (wait_for would start a task)
+                raw = await req.read()
             body = orjson.loads(raw)
         except TimeoutError:
             seconds = self.cfg.body_timeout_seconds
@@ -236,27 +241,28 @@ class Router:
         text = None
         if ask.is_chat and self.chat_tokens is not None and self.trust.trusted:
             text = self.chat_tokens.render(ask.body)
-            if text is not None and (ids := self.chat_tokens.resume(text, entry.prefix, entry.token_ids)) is not None:
+            held, held_n = entry.token_ids, entry.num_tokens
+            if text is not None and (ids := self.chat_tokens.resume(text, entry.prefix, held, held_n)) is not None:
                 self.metrics.prompt_ids_from(IdsSource.LOCAL)
                 return PromptIds(ids, IdsSource.LOCAL, text)
-        ids = await self._tokenize(prefill, ask)
+        ids = await self._tokenize(prefill, ask, entry.token_ids)
         return PromptIds(ids, IdsSource.ENGINE if ids is not None else None, text)
 
-    async def _tokenize(self, prefill: Endpoint, ask: ClientRequest) -> list[int] | None:
+    async def _tokenize(self, prefill: Endpoint, ask: ClientRequest, held: IdText) -> IdText | None:
         """The prompt's ids from the engine, rendered with the request's template arguments."""
         tok = shapes.tokenize_body(ask.body, ask.is_chat, ask.body.get("model"))
         if tok is None:
             return None
         try:
-            answer = await self.upstream.post_json(prefill, "/tokenize", tok, ask.headers)
+            _, raw = await self.upstream.post(prefill, "/tokenize", orjson.dumps(tok), ask.headers, total=True)
         except (UpstreamError, ClientFacingError) as exc:
             log.warning("tokenize failed, no reuse this turn: %s", exc)
             return None
-        tokens = answer.get("tokens")
-        if not isinstance(tokens, list):
+        ids = tokenized_ids(raw, held)
+        if ids is None:
             return None
         self.metrics.prompt_ids_from(IdsSource.ENGINE)
-        return tokens
+        return ids
 
     async def _serve(self, req: web.Request, ask: ClientRequest, started: float) -> web.StreamResponse:
         gen = self._generation()
@@ -335,92 +341,104 @@ class Router:
     ) -> web.StreamResponse:
         decode.outstanding += 1
         try:
-            try:
-                ctx = self.upstream.open(decode, ask.path, body, ask.headers)
-                resp = await ctx.__aenter__()
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                if _is_timeout(exc):
-                    raise EngineTimeout(decode, self.cfg.upstream_timeout_seconds) from exc
-                raise UpstreamError(decode, None, repr(exc)) from exc
-            try:
-                if resp.status >= 400:
-                    raw = await resp.read()
-                    if resp.status >= 500:
-                        raise UpstreamError(decode, resp.status, raw[:300].decode(errors="replace"))
-                    raise ClientFacingError(resp.status, raw, resp.content_type)
-                # Each filter reads one form: an answer whose Content-Type is not the form the
-                # request asked for is refused, never relayed through the other form's filter.
-                form = "text/event-stream" if ask.stream else "application/json"
-                if resp.content_type != form:
-                    raise MalformedAnswer(decode, resp.status, f"a {resp.content_type} answer, not {form}")
-                if ask.stream:
-                    out = await self._relay_stream(req, ask, done, resp, decode)
-                else:
-                    out = await self._relay_json(req, ask, done, resp, decode)
-            finally:
-                await ctx.__aexit__(None, None, None)
+            if ask.stream:
+                out = await self._relay_stream(req, ask, done, decode, body)
+            else:
+                out = await self._relay_json(ask, done, decode, body)
+        except UpstreamError as exc:
+            if _is_timeout(exc.__cause__):
+                raise EngineTimeout(decode, self.cfg.upstream_timeout_seconds) from exc
+            raise
         finally:
             decode.outstanding -= 1
         self._finish(done)
         return out
 
     async def _relay_stream(
-        self, req: web.Request, ask: ClientRequest, done: Prefilled, resp: aiohttp.ClientResponse, decode: Endpoint
+        self, req: web.Request, ask: ClientRequest, done: Prefilled, decode: Endpoint, body: dict[str, Any]
     ) -> web.StreamResponse:
-        out = _EventStream(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                **self._answer_headers(ask, done),
-            }
-        )
-        await out.prepare(req)
         # Always filtered, even when nothing is captured or stripped: decode's
         # kv_transfer_params never reach a client (a block without them passes untouched).
         filt = StreamFilter(capture=ask.capture, strip_ids=not ask.wants_ids)
         filt.max_line_bytes = self.upstream.max_answer_bytes
         filt.stop_at_drop = True
-        first, stored = True, False
-        last = b""  # the end of decode's bytes so far: a whole stream ends with [DONE]
-        content, write = resp.content, out.write
-
+        ttft = self.metrics.ttft
+        limit = self.upstream.max_answer_bytes
+        relay = StreamRelay(filt, limit, lambda: ttft.observe(time.perf_counter() - done.started))
+        call = relay.call = await self.upstream.stream(decode, ask.path, body, ask.headers, relay)
         try:
-            # Whole socket reads, not lines: each client write is a chunked-encoding frame and
-            # a send(), which dominated the router's CPU when done per SSE line. The loop is
-            # the router's per-chunk cost: nothing in it that a block does not need.
-            while block := await content.readany():
-                last = block[-16:] if len(block) >= 16 else (last + block)[-16:]
-                block = filt.feed(block)
-                if not stored and filt.captured.kv is not None:
+            await relay.wait()
+            head = relay.head_
+            if head is None:  # failed before the status line
+                raise UpstreamError(decode, None, repr(relay.failed)) from relay.failed
+            if relay.error_body is not None:
+                while not (relay.ended or relay.failed):
+                    relay.release(None, True)
+                    await relay.wait()
+                if relay.failed:
+                    raise UpstreamError(decode, None, repr(relay.failed)) from relay.failed
+                check_status(decode, head, b"".join(relay.error_body))
+            # Each filter reads one form: an answer whose Content-Type is not the form the
+            # request asked for is refused, never relayed through the other form's filter.
+            if head.content_type != "text/event-stream":
+                raise MalformedAnswer(decode, head.status, f"a {head.content_type} answer, not text/event-stream")
+            headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            out = _EventStream(headers={**headers, **self._answer_headers(ask, done)})
+            await out.prepare(req)
+            return await self._relay_events(req, ask, done, decode, relay, out)
+        finally:
+            if not relay.ended:
+                call.abort()  # the client left, or the stream is given up: decode aborts the request
+
+    async def _relay_events(
+        self, req: web.Request, ask: ClientRequest, done: Prefilled, decode: Endpoint, relay: StreamRelay,
+        out: web.StreamResponse,
+    ) -> web.StreamResponse:  # fmt: skip
+        """The coroutine's part of the relay: whatever the callbacks held (see relay.py)."""
+        filt = relay.filt
+        writer, transport = req.writer, req.transport
+        chunked = isinstance(writer, StreamWriter) and writer.chunked
+        direct: asyncio.Transport | None = None  # the client's socket, once aiohttp sent the headers
+        while True:
+            relay.release(direct, chunked)
+            await relay.wait()
+            for block in relay.take():
+                if not relay.stored and filt.captured.kv is not None:
                     # Before the client can see the end of the turn: an agent sends the next
                     # turn as soon as it has [DONE], and that turn must find this entry.
-                    stored = True
+                    relay.stored = True
                     await self._store_entry(ask, done, decode, filt.captured)
                 if filt.dropped:
                     return await self._end_malformed(out, filt, block, "a line that is not readable JSON", ask)
-                if not block:
-                    continue
-                await write(block)
-                if first and block.find(b"data:") >= 0:  # the space after data: is optional
-                    first = False
-                    self.metrics.ttft.observe(time.perf_counter() - done.started)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("[%s] decode stream from %s broke: %r", ask.request_id, decode.url, exc)
-            self.metrics.upstream_errors.labels(Hop.DECODE.value).inc()
-            filt.captured.kv = None  # incomplete turn: do not store
-            # The status line has left: say so in the stream, as vLLM does for an error after
-            # the first chunk, and no [DONE], so no client takes the cut answer for a whole one.
-            what = "timed out (upstreamTimeoutSeconds)" if isinstance(exc, TimeoutError) else "broke off"
-            err = _error_body(502, f"the decode engine's stream {what}", ask.request_id)
-            await out.write(b"data: " + orjson.dumps(err) + b"\n\n")  # whole lines only were written
-            await out.write_eof()
-            return out
+                if block:
+                    await out.write(block)
+                    direct = cast(asyncio.Transport, transport)
+                    if relay.first and block.find(b"data:") >= 0:
+                        relay.first = False
+                        relay.on_first()
+            if relay.client_gone:
+                return out
+            if relay.failed is not None:
+                exc = relay.failed
+                log.warning("[%s] decode stream from %s broke: %r", ask.request_id, decode.url, exc)
+                self.metrics.upstream_errors.labels(Hop.DECODE.value).inc()
+                filt.captured.kv = None  # incomplete turn: do not store
+                # The status line has left: say so in the stream, as vLLM does for an error after
+                # the first chunk, and no [DONE], so no client takes the cut answer for a whole one.
+                what = "timed out (upstreamTimeoutSeconds)" if isinstance(exc, TimeoutError) else "broke off"
+                err = _error_body(502, f"the decode engine's stream {what}", ask.request_id)
+                await out.write(b"data: " + orjson.dumps(err) + b"\n\n")  # whole lines only were written
+                await out.write_eof()
+                return out
+            if relay.ended:
+                break
+            await writer.drain()  # a slow client: decode waits meanwhile
         if rest := filt.flush():
-            if not stored and filt.captured.kv is not None:
-                stored = True
+            if not relay.stored and filt.captured.kv is not None:
+                relay.stored = True
                 await self._store_entry(ask, done, decode, filt.captured)
             await out.write(rest)
-        if filt.dropped or not last.rstrip().endswith(b"[DONE]"):
+        if filt.dropped or not relay.last.rstrip().endswith(b"[DONE]"):
             return await self._end_malformed(out, filt, b"", "it ended before [DONE]", ask)
         await out.write_eof()
         return out
@@ -442,12 +460,12 @@ class Router:
         return out
 
     async def _relay_json(
-        self, req: web.Request, ask: ClientRequest, done: Prefilled, resp: aiohttp.ClientResponse, decode: Endpoint
+        self, ask: ClientRequest, done: Prefilled, decode: Endpoint, body: dict[str, Any]
     ) -> web.StreamResponse:
-        try:
-            data = json_object(decode, resp.status, await read_capped(decode, resp, self.upstream.max_answer_bytes))
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise UpstreamError(decode, None, repr(exc)) from exc
+        head, raw = await self.upstream.post(decode, ask.path, orjson.dumps(body), ask.headers, total=False)
+        if head.content_type != "application/json":
+            raise MalformedAnswer(decode, head.status, f"a {head.content_type} answer, not application/json")
+        data = json_object(decode, head.status, raw)
         cap = filter_response(data, ask.capture, strip_ids=not ask.wants_ids)
         self.metrics.ttft.observe(time.perf_counter() - done.started)
         await self._store_entry(ask, done, decode, cap)  # the answer leaves after the handler returns
@@ -480,12 +498,12 @@ class Router:
                 self._distrust()
             return
         if kept.entry is not None:
-            prefix = await self._prefix_for_next_turn(ask, plan.text, cap.prompt_ids)
+            prefix = await self._prefix_for_next_turn(ask, plan.text, cap.prompt(done.attempt.compared_ids))
             if ask.tenant is not None:  # a client without an identity shares nothing
                 await self._put(ask.key, replace(kept.entry, prefix=prefix, tenant=ask.tenant))
 
     async def _prefix_for_next_turn(
-        self, ask: ClientRequest, text: str | None, prompt_ids: list[int] | None
+        self, ask: ClientRequest, text: str | None, prompt_ids: IdText | None
     ) -> TextPrefix | None:
         """Where the router's tokenizer can resume next turn; on probation, first check it
         tokenizes this whole prompt exactly as the engine did."""
@@ -497,7 +515,7 @@ class Router:
             return None
         if not self.trust.trusted:
             # A whole prompt, 8 times per process: off the event loop.
-            if await asyncio.to_thread(tok.encode_in_thread, text) != prompt_ids:
+            if of_list(await asyncio.to_thread(tok.encode_in_thread, text)) != prompt_ids:
                 self._distrust()
                 return None
             # The state after the await: another turn may have changed it meanwhile.

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from array import array
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -27,7 +25,9 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from . import ids
 from .config import ConfigError
+from .ids import IdText
 
 # Chat request fields that change how vLLM renders the prompt (or may: tool_choice decides
 # whether tools are rendered under --exclude-tools-when-tool-choice-none).
@@ -51,8 +51,7 @@ def renders_plainly(body: dict[str, Any]) -> bool:
     if not isinstance(messages, list) or any(k in body for k in _RENDER_ARGS):
         return False
     return all(
-        isinstance(m, dict) and not set(m) - {"role", "content"} and isinstance(m.get("content"), str)
-        for m in messages
+        isinstance(m, dict) and not set(m) - {"role", "content"} and isinstance(m.get("content"), str) for m in messages
     )
 
 
@@ -160,26 +159,25 @@ class ChatTokenizer:
         (~1 µs a token here, so a 24k-token prompt would stall every stream for ~25 ms)."""
         return list(self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids)
 
-    def prefix_of(self, text: str, ids: list[int]) -> TextPrefix | None:
+    def prefix_of(self, text: str, prompt: IdText) -> TextPrefix | None:
         """Cut this prompt at its last special token: the head for the next turn to resume."""
         cut = max((text.rfind(b) for b in self.boundaries), default=-1)
         if cut <= 0:
             return None
-        tail = self.encode(text[cut:])
-        if len(tail) > len(ids) or ids[len(ids) - len(tail) :] != tail:
+        tail = ids.of_list(self.encode(text[cut:]))
+        if not ids.ends_with(prompt, tail):
             return None
-        return TextPrefix(cut, _digest(text[:cut]), len(ids) - len(tail))
+        return TextPrefix(cut, _digest(text[:cut]), ids.count(prompt) - ids.count(tail))
 
-    def resume(self, text: str, prefix: TextPrefix | None, held: Sequence[int]) -> list[int] | None:
-        """This prompt's ids from the held head plus the encoded tail, or None if the head
-        is not this prompt's."""
-        if prefix is None or len(text) < prefix.chars or len(held) < prefix.tokens:
+    def resume(self, text: str, prefix: TextPrefix | None, held: IdText, held_n: int) -> IdText | None:
+        """This prompt's ids from the held head (of held_n ids) plus the encoded tail, or
+        None if the head is not this prompt's."""
+        if prefix is None or len(text) < prefix.chars or held_n < prefix.tokens:
             return None
         if _digest(text[: prefix.chars]) != prefix.digest:
             return None
-        head = held[: prefix.tokens]
-        # A stored entry's ids are an array: the prompt is a list (it goes to prefill as JSON).
-        return (head.tolist() if isinstance(head, array) else list(head)) + self.encode(text[prefix.chars :])
+        head = ids.head(held, prefix.tokens, held_n)
+        return ids.join(head, ids.of_list(self.encode(text[prefix.chars :])))
 
 
 def _token_text(value: Any) -> str | None:

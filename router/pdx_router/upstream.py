@@ -8,6 +8,7 @@ any valid JSON form (spaces, key order, escaped keys, other number forms) reads 
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -16,14 +17,17 @@ import orjson
 
 from .endpoints import Endpoint
 from .entries import Captured
+from .ids import IdText, of_json_beside, of_list
+from .wire import Call, Collect, Head, Sink, TooBig, Wire, WireError
 
-_JSON = {"Content-Type": "application/json"}
 # What a line must contain to be worth a look, in any JSON form: a field's bare name, or a
 # \u escape (a key may be spelled `"token\u005fids"`).
 _KV_NAME = b"kv_transfer_params"
 _ID_NAME = b"token_ids"  # in both id fields: one search rules both out
 _ESCAPE = b"\\u"
 _PROMPT = b'"prompt_'
+_DATA_OBJ = b"data: {"
+_ONE_ID = re.compile(rb',"token_ids":\[(0|[1-9][0-9]{0,9})\]')  # one id, as vLLM writes it
 _INT_LIST = b"0123456789,[]"  # what a compact list of ints is made of
 _MISSING: Any = object()
 _INT_ONLY = {int}
@@ -204,6 +208,19 @@ class StreamFilter:
         rather than once per SSE line. An unfinished line, or an event not yet ended by its
         empty line from its first data line on, waits for the next block: kept as the blocks
         came and joined once, when it is whole, so a long event costs time linear in its size."""
+        whole = not self._held and data[-2:] == b"\n\n" and not self.oversized and len(data) <= self.max_line_bytes
+        # Whole events naming no field (most of a stream): as _take and _ready would, in one step.
+        if whole and data.find(_KV_NAME) < 0 and data.find(b"\\") < 0:
+            if not self._ids or data.find(_ID_NAME) < 0:
+                self._event = False
+                return data
+            if data.find(b"\n") == len(data) - 2 and data.startswith(_DATA_OBJ) and data.find(b"\r") < 0:
+                try:  # a streamed token's event: one compact data line (see _ready)
+                    out = self._compact(data)
+                    self._event = False
+                    return out
+                except _NotCompact:
+                    pass
         if self.oversized or not data:
             return b""  # the relay ends the stream
         if self._held:
@@ -249,6 +266,17 @@ class StreamFilter:
         small = len(data) <= self.max_line_bytes  # else some event may be above the limit
         if small and not slow and (not self._ids or data.find(_ID_NAME) < 0):
             return data  # names nothing (an event of several data lines too: as it came)
+        if not slow and small and data.find(b"\n") == len(data) - 2 and data.startswith(_DATA_OBJ) and data[-1] == 0x0A:
+            # vLLM's block: one compact data line and the empty line that ends its event
+            # (no CR: _multi_data's precondition), the path of every streamed token.
+            try:
+                return self._compact(data) if data.find(b"\r") < 0 else self._ready_lines(data, slow)
+            except _NotCompact:
+                pass
+        return self._ready_lines(data, slow)
+
+    def _ready_lines(self, data: bytes, slow: bool) -> bytes:
+        small = len(data) <= self.max_line_bytes
         if small and not _multi_data(data):
             out = []
             for x in data.splitlines(keepends=True):
@@ -377,7 +405,16 @@ class StreamFilter:
         i = line.find(_ID_NAME)
         if i < 0:
             return line
-        prompt: list[int] | None = None
+        one = _ONE_ID.match(line, i - 2)
+        if one is not None and line.find(_ID_NAME, one.end()) < 0:
+            # A streamed token's chunk: one output id, the line's only id field.
+            if self.capture:
+                cap = self.captured
+                cap.choices = max(cap.choices, 1)
+                if cap.output_ids is not None:
+                    cap.output_ids.append(int(one.group(1)))
+            return line[: one.start()] + line[one.end() :] if self.strip_ids else line
+        prompt: bytes | None = None
         outs: list[list[int]] = []
         pieces: list[bytes] = []
         pos = 0
@@ -398,16 +435,18 @@ class StreamFilter:
                 if end <= 0:
                     raise _NotCompact
                 raw = line[j:end]
-                try:
-                    ids = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    raise _NotCompact from None
-                if raw.strip(_INT_LIST) and (ids := token_ids(ids)) is None:
-                    raise _NotCompact
-                if is_prompt:
-                    prompt = ids if prompt is None else prompt
+                if is_prompt:  # thousands of ids: kept as decode wrote them (see Captured.prompt)
+                    if raw.translate(None, _INT_LIST):
+                        raise _NotCompact  # not a compact list of ints: parsed, or refused
+                    prompt = raw if prompt is None else prompt
                 else:
-                    outs.append(ids)
+                    try:
+                        out = orjson.loads(raw)
+                    except orjson.JSONDecodeError:
+                        raise _NotCompact from None
+                    if raw.strip(_INT_LIST) and (out := token_ids(out)) is None:
+                        raise _NotCompact
+                    outs.append(out)
             else:
                 raise _NotCompact
             if self.strip_ids:
@@ -427,12 +466,16 @@ class StreamFilter:
         pieces.append(line[pos:])
         return b"".join(pieces)
 
-    def _capture(self, prompt: list[int] | None, outs: list[list[int]]) -> None:
+    def _capture(self, prompt: bytes | IdText | None, outs: list[list[int]], raw: bool = True) -> None:
+        """prompt: a JSON array as decode wrote it (raw), or ids' text (not raw)."""
         if not self.capture:
             return
         cap = self.captured
-        if prompt is not None:
-            cap.prompt_ids = prompt
+        if prompt is not None and cap.prompt_raw is None and cap.prompt_ids is None:
+            if raw:
+                cap.prompt_raw = prompt
+            else:
+                cap.prompt_ids = IdText(prompt)
         if outs:
             cap.choices = max(cap.choices, len(outs))
             if cap.output_ids is not None:
@@ -479,7 +522,13 @@ class StreamFilter:
                         outs.append(ids)
                     elif prompt is None:
                         prompt = ids
-            self._capture(prompt, outs)
+            text = None
+            if prompt is not None:
+                try:
+                    text = of_list(prompt)
+                except ValueError:
+                    self._break()  # a negative id: no token
+            self._capture(text, outs, raw=False)
         return changed
 
 
@@ -498,7 +547,11 @@ def filter_response(data: dict[str, Any], capture: bool, strip_ids: bool) -> Cap
     if capture and choices and isinstance(choices[0], dict):
         first = choices[0]
         prompt = prompt if prompt is not None else first.get("prompt_token_ids")
-        cap.prompt_ids = token_ids(prompt)
+        prompt = token_ids(prompt)
+        try:
+            cap.prompt_ids = of_list(prompt) if prompt is not None else None
+        except ValueError:
+            cap.prompt_ids = None  # a negative id: no token
         cap.output_ids = token_ids(first.get("token_ids"))
     if strip_ids:
         data.pop("prompt_token_ids", None)
@@ -510,65 +563,106 @@ def filter_response(data: dict[str, Any], capture: bool, strip_ids: bool) -> Cap
 
 
 class Upstream:
-    """The engines' HTTP client: one session, keep-alive, no per-request connection setup."""
+    """The engines' HTTP client. The completion hops go over `wire` (keep-alive, no task
+    switch per chunk); the health and metrics checks over one aiohttp session."""
 
     def __init__(self, timeout_seconds: float) -> None:
-        self._timeout = aiohttp.ClientTimeout(total=timeout_seconds, sock_connect=5)
-        # Decode's answer may stream for longer than the timeout: there it bounds silence (the
-        # wait for the headers and between reads), not the answer's length.
-        self._silence = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=timeout_seconds)
+        self.timeout_seconds = timeout_seconds
+        self.wire = Wire(connect_timeout=5.0)
         self.max_answer_bytes = MAX_ANSWER_BYTES
         self.session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=10)
-        self.session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, json_serialize=_dumps_str)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4, ttl_dns_cache=10)
+        timeout = aiohttp.ClientTimeout(total=self.timeout_seconds, sock_connect=5)
+        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout)
 
     async def close(self) -> None:
+        await self.wire.close()
         if self.session is not None:
             await self.session.close()
+
+    async def post_json(self, ep: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        """POST and return the JSON answer within the timeout; 4xx -> ClientFacingError, a
+        malformed answer -> MalformedAnswer (with its status), else UpstreamError."""
+        head, raw = await self.post(ep, path, orjson.dumps(body), headers, total=True)
+        return json_object(ep, head.status, raw)
+
+    async def post(
+        self, ep: Endpoint, path: str, body: bytes, headers: dict[str, str], total: bool
+    ) -> tuple[Head, bytes]:
+        """POST and read the whole answer (at most max_answer_bytes) of status < 400. `total`:
+        the timeout bounds the whole call (prefill, /tokenize); else the silence between
+        bytes (a JSON decode answer may take longer to generate than the timeout)."""
+        sink = Collect(self.max_answer_bytes)
+        call: Call | None = None
+        try:
+            async with asyncio.timeout(self.timeout_seconds if total else None):
+                call = sink.call = await self.wire.send(
+                    ep.url, path, body, headers, sink, silence=None if total else self.timeout_seconds
+                )
+                raw = await sink.done
+        except TooBig as exc:
+            raise MalformedAnswer(ep, sink.head_.status if sink.head_ else 200, str(exc)) from None
+        except (WireError, TimeoutError) as exc:
+            raise UpstreamError(ep, None, repr(exc)) from exc
+        finally:
+            if call is not None:
+                call.abort()  # timed out or cancelled, the engine aborts the request (a no-op once answered)
+        head = sink.head_
+        assert head is not None
+        check_status(ep, head, raw)
+        return head, raw
+
+    async def stream(self, ep: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str], sink: Sink) -> Call:
+        """Start a request whose answer goes to `sink` as it comes (the decode hop); the
+        timeout bounds silence, not the answer's length."""
+        try:
+            return await self.wire.send(ep.url, path, orjson.dumps(body), headers, sink, silence=self.timeout_seconds)
+        except WireError as exc:
+            raise UpstreamError(ep, None, repr(exc)) from exc
 
     def _s(self) -> aiohttp.ClientSession:
         assert self.session is not None, "Upstream.start() was not called"
         return self.session
-
-    async def post_json(self, ep: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-        """POST and return the JSON answer; 4xx -> ClientFacingError, a malformed answer ->
-        MalformedAnswer (with its status), else UpstreamError."""
-        try:
-            async with self._s().post(ep.url + path, data=orjson.dumps(body), headers={**headers, **_JSON}) as resp:
-                raw = await read_capped(ep, resp, self.max_answer_bytes)
-                if resp.status >= 500:
-                    raise UpstreamError(ep, resp.status, raw[:300].decode(errors="replace"))
-                if resp.status >= 400:
-                    raise ClientFacingError(resp.status, raw, resp.content_type)
-                return json_object(ep, resp.status, raw)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise UpstreamError(ep, None, repr(exc)) from exc
-
-    def open(self, ep: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
-        """Start a request whose answer is read incrementally (the decode hop)."""
-        return self._s().post(
-            ep.url + path, data=orjson.dumps(body), headers={**headers, **_JSON}, timeout=self._silence
-        )
 
     async def get(self, url: str, timeout: float) -> tuple[int, bytes]:
         async with self._s().get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             return resp.status, await resp.read()
 
 
-async def read_capped(ep: Endpoint, resp: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The whole answer, or MalformedAnswer once it is longer than `limit`."""
-    if resp.content_length is not None and resp.content_length > limit:
-        raise MalformedAnswer(ep, resp.status, f"answer of {resp.content_length} bytes, above {limit}")
-    parts: list[bytes] = []
-    size = 0
-    async for block in resp.content.iter_any():
-        size += len(block)
-        if size > limit:
-            raise MalformedAnswer(ep, resp.status, f"answer above {limit} bytes")
-        parts.append(block)
-    return b"".join(parts)
+def check_status(ep: Endpoint, head: Head, raw: bytes) -> None:
+    """5xx -> UpstreamError (may be retried), 4xx -> ClientFacingError (the client's fault)."""
+    if head.status >= 500:
+        raise UpstreamError(ep, head.status, raw[:300].decode(errors="replace"))
+    if head.status >= 400:
+        raise ClientFacingError(head.status, raw, head.content_type)
+
+
+_TOKENS = b'"tokens":['
+
+
+def tokenized_ids(raw: bytes, known: IdText) -> IdText | None:
+    """The ids of a /tokenize answer (`{"count":..,"tokens":[..],..}`), or None if it has
+    none. vLLM's compact array is taken as text, checked beside `known` (ids.of_json_beside),
+    and the rest of the answer must be a JSON object; any other form is parsed."""
+    i = raw.find(_TOKENS)
+    end = raw.find(b"]", i + 9) if i > 0 else -1
+    if end > 0 and raw[i - 1] in (0x7B, 0x2C) and raw.find(_TOKENS, end) < 0:
+        try:
+            rest = orjson.loads(raw[: i + 9] + b"[]" + raw[end + 1 :])
+        except orjson.JSONDecodeError:
+            return None
+        return of_json_beside(raw[i + 9 : end + 1], known) if isinstance(rest, dict) else None
+    try:
+        answer = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    tokens = token_ids(answer.get("tokens")) if isinstance(answer, dict) else None
+    try:
+        return of_list(tokens) if tokens is not None else None
+    except ValueError:
+        return None
 
 
 def json_object(ep: Endpoint, status: int, raw: bytes) -> dict[str, Any]:
@@ -580,10 +674,6 @@ def json_object(ep: Endpoint, status: int, raw: bytes) -> dict[str, Any]:
     if not isinstance(out, dict):
         raise MalformedAnswer(ep, status, "answer is not a JSON object")
     return out
-
-
-def _dumps_str(obj: Any) -> str:
-    return orjson.dumps(obj).decode()
 
 
 _BLOCK_SIZE_RE = re.compile(rb'vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"')

@@ -10,7 +10,8 @@ import orjson
 
 from pdx_router.app import Router
 from pdx_router.endpoints import Endpoint, Role
-from pdx_router.entries import Entry, pack_ids
+from pdx_router.entries import Entry
+from pdx_router.ids import of_list
 from pdx_router.policy import shapes
 
 
@@ -77,7 +78,8 @@ def entry(tokens: list[int], blocks: int, block_size: int | None = 4, deadline: 
         "remote_num_tokens": len(tokens),
         "remote_blocks_expiry_time": 9.0,
     }
-    return Entry(kv, pack_ids(tokens), "http://d0", "g1", 0.0, deadline, block_size)
+    return Entry(kv, of_list(tokens), "http://d0", "g1", 0.0, deadline, block_size)
+
 
 # kv_transfer_params a client might send to steer prefill's read elsewhere (always stripped).
 EVIL = {

@@ -12,6 +12,7 @@ import pytest
 from pdx.local.localmodel import build_local_model
 from pdx_router.chat_tokens import ChatTokenizer, TextPrefix
 from pdx_router.config import ConfigError
+from pdx_router.ids import count, of_list
 from pdx_router.testing.fake_engine import Cluster
 
 from .conftest import Stack, StackFactory
@@ -45,17 +46,17 @@ def test_resumed_ids_equal_a_whole_encode_on_growing_chats(tok: ChatTokenizer) -
     resumed = 0
     for _ in range(30):
         prefix: TextPrefix | None = None
-        held: list[int] = []
+        held = of_list([])
         for msgs in _conversation(rng, 6):
             text = tok.render({"messages": msgs})
             assert text is not None
             whole = tok.encode(text)
             assert tok.encode_in_thread(text) == whole
-            ids = tok.resume(text, prefix, held)
+            ids = tok.resume(text, prefix, held, count(held))
             if ids is not None:
-                assert ids == whole
+                assert ids == of_list(whole)
                 resumed += 1
-            prefix, held = tok.prefix_of(text, whole), whole
+            prefix, held = tok.prefix_of(text, of_list(whole)), of_list(whole)
             assert prefix is not None and 0 < prefix.tokens < len(whole)
     assert resumed == 30 * 5  # every turn after the first resumed
 
@@ -64,12 +65,12 @@ def test_an_edited_head_is_not_resumed(tok: ChatTokenizer) -> None:
     first = [user(LONG)]
     text = tok.render({"messages": first})
     assert text is not None
-    ids = tok.encode(text)
+    ids = of_list(tok.encode(text))
     prefix = tok.prefix_of(text, ids)
     edited = [user(LONG.replace("word7 ", "word7x ")), assistant("a"), user("b")]
     edited_text = tok.render({"messages": edited})
     assert edited_text is not None
-    assert tok.resume(edited_text, prefix, ids) is None
+    assert tok.resume(edited_text, prefix, ids, count(ids)) is None
 
 
 def test_renders_like_transformers_apply_chat_template(tok: ChatTokenizer, model_dir: Path) -> None:

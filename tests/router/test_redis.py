@@ -14,7 +14,8 @@ import redis.asyncio as redis
 
 from pdx_router.chat_tokens import TextPrefix
 from pdx_router.config import StoreConfig
-from pdx_router.entries import Entry, pack_ids
+from pdx_router.entries import Entry
+from pdx_router.ids import of_list, to_list
 from pdx_router.store import MemoryStore, RedisStore, Store
 
 from .conftest import StackFactory
@@ -42,14 +43,14 @@ async def test_second_turn_on_another_router_reuses_the_entry(
 
 async def test_redis_store_is_bounded_and_single_use(redis_url: str) -> None:
     store = RedisStore(redis_url, "pdx-test-b:", max_entries=2)
-    e = Entry({"remote_num_tokens": 1}, pack_ids([1]), "http://d", "g", 1e10, 1e10 + 5)
+    e = Entry({"remote_num_tokens": 1}, of_list([1]), "http://d", "g", 1e10, 1e10 + 5)
     try:
         for k in ("a", "b", "c"):
             await store.put(k, replace(e, deadline=e.deadline + ord(k)))
         assert await store.count() == 2
         assert await store.take("a") is None  # the one closest to its deadline was dropped
         got = await store.take("c")
-        assert got is not None and got.token_ids.tolist() == [1]
+        assert got is not None and to_list(got.token_ids) == [1]
         assert await store.take("c") is None
     finally:
         await store.close()
@@ -57,7 +58,7 @@ async def test_redis_store_is_bounded_and_single_use(redis_url: str) -> None:
 
 async def test_an_entry_keeps_where_the_routers_tokenizer_resumes_through_redis(redis_url: str) -> None:
     store = RedisStore(redis_url, "pdx-test-c:", max_entries=10)
-    ids = pack_ids([1, 2, 3])
+    ids = of_list([1, 2, 3])
     e = Entry({"remote_num_tokens": 3}, ids, "http://d", "g", 1e10, 1e10 + 5, 16, TextPrefix(40, "ab12", 2))
     try:
         await store.put("k", e)
@@ -72,22 +73,23 @@ async def test_an_entry_keeps_where_the_routers_tokenizer_resumes_through_redis(
 def _entry(n: int, seed: int, tenant: str = "", deadline: float | None = None) -> Entry:
     """An entry of n ids; the later the seed, the later its deadline (Redis orders by it)."""
     rng = random.Random(seed)
-    ids = pack_ids([0, 2**32 - 1, *(rng.randrange(150_000) for _ in range(n - 2))])
+    ids = of_list([0, 2**32 - 1, *(rng.randrange(100_000, 150_000) for _ in range(n - 2))])  # one size
     kv = {"remote_num_tokens": n, "remote_block_ids": [list(range(n // 16))], "remote_engine_id": "d"}
     return Entry(kv, ids, "http://d", "g", 1e10, deadline or 1e10 + seed, 16, tenant=tenant)
 
 
-async def test_compact_ids_round_trip_through_redis_at_4_bytes_a_token(redis_url: str) -> None:
+async def test_ids_round_trip_through_redis_as_their_text(redis_url: str) -> None:
     store = RedisStore(redis_url, "pdx-test-d:", max_entries=10)
     e = _entry(16384, 1, tenant="acme")
     raw = redis.Redis.from_url(redis_url)
     try:
         await store.put("k", e)
         value = await raw.get("pdx-test-d:k")
-        # the ids at 4 bytes each after a header (kv and all) in JSON; the JSON list was ~7 a token
-        assert value is not None and len(value) < 4 * 16384 + len(orjson.dumps(e.kv)) + 256
+        # the ids' text after a header (kv and all) in JSON: 7 bytes an id of 6 digits
+        assert len(e.token_ids) < 7 * 16384
+        assert value is not None and len(value) < len(e.token_ids) + len(orjson.dumps(e.kv)) + 256
         got = await store.take("k")
-        assert got == e and got.token_ids.tolist()[:2] == [0, 2**32 - 1]
+        assert got == e and to_list(got.token_ids)[:2] == [0, 2**32 - 1]
     finally:
         await raw.aclose()
         await store.close()
@@ -101,7 +103,7 @@ async def test_an_entry_in_the_json_form_of_earlier_routers_is_still_read(redis_
     try:
         await raw.set("pdx-test-e:k", orjson.dumps({**old, "p": None}))
         got = await store.take("k")
-        assert got is not None and got.token_ids.tolist() == [5, 6, 7] and got.block_size == 16
+        assert got is not None and to_list(got.token_ids) == [5, 6, 7] and got.block_size == 16
     finally:
         await raw.aclose()
         await store.close()
@@ -143,13 +145,11 @@ async def test_the_redis_stores_bytes_follow_take_and_expiry(redis_url: str) -> 
 
 
 @pytest.mark.parametrize("kind", ["memory", "redis"])
-async def test_both_stores_count_the_live_entries_a_decode_holds_of_one_generation(
-    redis_url: str, kind: str
-) -> None:
+async def test_both_stores_count_the_live_entries_a_decode_holds_of_one_generation(redis_url: str, kind: str) -> None:
     """What a draining decode waits for: taken, expired or other-generation entries are not."""
     store: Store = RedisStore(redis_url, "pdx-test-hold:", max_entries=10) if kind == "redis" else MemoryStore(10)
     now = time.time()
-    e = Entry({"remote_num_tokens": 1}, pack_ids([1]), "http://d1", "g", now, now + 60)
+    e = Entry({"remote_num_tokens": 1}, of_list([1]), "http://d1", "g", now, now + 60)
     try:
         await store.put("a", e)
         await store.put("b", e)

@@ -8,6 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from pdx_router.ids import of_list
 from pdx_router.policy import Outcome
 from pdx_router.policy.retry import Attempt, Hop, after_failure, first_attempt
 from pdx_router.policy.reuse import TurnPlan
@@ -16,7 +17,9 @@ from pdx_router.policy.shapes import FRESH_PREFILL_KV
 from .conftest import Stack, StackFactory
 from .helpers import LONG, assistant, chat, stream_text, user
 
-HIT = TurnPlan(Outcome.HIT, reused_tokens=40, kv={"remote_num_tokens": 40}, compared_ids=[1, 2], affinity="http://d0")
+HIT = TurnPlan(
+    Outcome.HIT, reused_tokens=40, kv={"remote_num_tokens": 40}, compared_ids=of_list([1, 2]), affinity="http://d0"
+)
 MISS = TurnPlan(Outcome.MISS)
 
 # (plan, failed hop, its HTTP status or None when unreachable) -> the retry's outcome, or None: passed on
@@ -63,7 +66,7 @@ def test_only_a_decode_that_went_away_loses_the_affinity() -> None:
 
 def test_the_first_attempt_reuses_exactly_when_the_plan_is_a_hit() -> None:
     hit: Attempt = first_attempt(HIT)
-    assert hit.reuse and hit.kv == HIT.kv and hit.compared_ids == [1, 2] and hit.reused_tokens == 40
+    assert hit.reuse and hit.kv == HIT.kv and hit.compared_ids == of_list([1, 2]) and hit.reused_tokens == 40
     miss = first_attempt(MISS)
     assert not miss.reuse and miss.kv is None and miss.outcome is Outcome.MISS
 

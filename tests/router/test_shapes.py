@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from pdx_contract.router_config import TenancyConfig
 from pdx_router.chat_tokens import renders_plainly
+from pdx_router.ids import of_list
 from pdx_router.policy.shapes import (
     FRESH_PREFILL_KV,
     ClientRequest,
@@ -24,6 +27,11 @@ from pdx_router.policy.shapes import (
 
 SINGLE = Front(TenancyConfig(identity="single"))
 BY_KEY = Front(TenancyConfig(identity="apiKey"))
+
+
+def json(body: dict[str, Any]) -> Any:
+    """A body as the engine reads it (ids go in as pre-encoded JSON fragments)."""
+    return orjson.loads(orjson.dumps(body))
 
 
 def ask(
@@ -65,7 +73,7 @@ def test_tokenize_body_mirrors_chat_template_args_and_skips_media() -> None:
 
 def test_completion_prompt_is_pinned_to_the_compared_ids() -> None:
     body = {"model": "m", "prompt": "hello there", "max_tokens": 4}
-    pinned = pin_completion_prompt(body, [5, 6, 7])
+    pinned = json(pin_completion_prompt(body, of_list([5, 6, 7])))
     assert pinned["prompt"] == [5, 6, 7] and body["prompt"] == "hello there"
 
 
@@ -80,7 +88,7 @@ def test_prefill_on_ids_keeps_only_what_a_prefill_of_ids_needs() -> None:
         "tools": [{"type": "function"}],
     }
     kv = {"remote_num_tokens": 5, "do_remote_decode": True}
-    out = prefill_on_ids(body, [1, 2, 3], kv)
+    out = json(prefill_on_ids(body, of_list([1, 2, 3]), kv))
     assert out == {
         "model": "m",
         "cache_salt": "s",
@@ -118,26 +126,28 @@ def test_only_plainly_rendered_chats_prefill_on_ids() -> None:
 def test_prefill_request_picks_the_path_and_pins_ids_only_with_reuse() -> None:
     chat_body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 9}
     kv = {"remote_num_tokens": 2, "do_remote_decode": True}
-    path, body = prefill_request(ask(chat_body), None, [1, 2, 3])
+    path, body = prefill_request(ask(chat_body), None, of_list([1, 2, 3]))
     assert path == "/v1/chat/completions" and body["kv_transfer_params"] == FRESH_PREFILL_KV
-    path, body = prefill_request(ask(chat_body), kv, [1, 2, 3])
+    path, body = prefill_request(ask(chat_body), kv, of_list([1, 2, 3]))
+    body = json(body)
     assert path == "/v1/completions" and body["prompt"] == [1, 2, 3] and body["kv_transfer_params"] == kv
     tools = {**chat_body, "tools": [{"type": "function"}]}
-    path, body = prefill_request(ask(tools), kv, [1, 2, 3])
+    path, body = prefill_request(ask(tools), kv, of_list([1, 2, 3]))
     assert path == "/v1/chat/completions" and "prompt" not in body and body["kv_transfer_params"] == kv
     completion = {"model": "m", "prompt": "hi there", "max_tokens": 9}
-    path, body = prefill_request(ask(completion, "/v1/completions"), kv, [1, 2, 3])
+    path, body = prefill_request(ask(completion, "/v1/completions"), kv, of_list([1, 2, 3]))
+    body = json(body)
     assert path == "/v1/completions" and body["prompt"] == [1, 2, 3] and body["max_tokens"] == 1
 
 
 def test_decode_runs_a_reused_completions_prompt_on_the_compared_ids_but_renders_a_chat() -> None:
     pkv = {"do_remote_prefill": True, "remote_engine_id": "prefill-0"}
     completion = ask({"model": "m", "prompt": "hi there", "conversation_id": "c"}, "/v1/completions")
-    body = decode_request(completion, pkv, [1, 2, 3])
+    body = json(decode_request(completion, pkv, of_list([1, 2, 3])))
     assert body["prompt"] == [1, 2, 3] and body["kv_transfer_params"] == pkv and body["return_token_ids"] is True
     assert decode_request(completion, pkv, None)["prompt"] == "hi there"  # no reuse: no pin
     chat = ask({"model": "m", "messages": [{"role": "user", "content": "hi"}], "conversation_id": "c"})
-    body = decode_request(chat, pkv, [1, 2, 3])
+    body = json(decode_request(chat, pkv, of_list([1, 2, 3])))
     assert "prompt" not in body and body["messages"] == chat.body["messages"]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import orjson
 
+from pdx_router.ids import of_list
 from pdx_router.upstream import StreamFilter
 
 KV = {"remote_block_ids": [[1, 2]], "remote_num_tokens": 20, "remote_blocks_expiry_time": 9.0}
@@ -34,17 +35,20 @@ def test_any_split_gives_the_same_bytes_and_capture() -> None:
     whole, ref = _run([STREAM])
     assert b'token_ids":[' not in whole.replace(b'\\"token_ids\\":[9]', b"")
     assert b"kv_transfer_params" not in whole and whole.endswith(b"data: [DONE]\n\n")
-    assert ref.captured.prompt_ids == [5, 6, 7] and ref.captured.output_ids == [11, 12, 2]
+    assert ref.captured.prompt(None) == of_list([5, 6, 7]) and ref.captured.output_ids == [11, 12, 2]
     assert ref.captured.kv == KV
+    ref.captured.prompt(None)
     for cut in range(1, len(STREAM)):
         out, f = _run([STREAM[:cut], STREAM[cut:]])
         assert out == whole, cut
+        f.captured.prompt(None)
         assert f.captured == ref.captured, cut
 
 
 def test_byte_at_a_time_matches() -> None:
     out, f = _run([STREAM[i : i + 1] for i in range(len(STREAM))])
     whole, ref = _run([STREAM])
+    f.captured.prompt(None), ref.captured.prompt(None)
     assert out == whole and f.captured == ref.captured
 
 

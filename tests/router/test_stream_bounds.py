@@ -8,6 +8,7 @@ import time
 import orjson
 import pytest
 
+from pdx_router.ids import of_list
 from pdx_router.upstream import StreamFilter, well_formed_kv
 
 KV = {"remote_block_ids": [[1, 2]], "remote_num_tokens": 20, "remote_blocks_expiry_time": 9.0}
@@ -43,7 +44,7 @@ def test_an_event_split_over_data_lines_is_captured_and_stripped_wherever_the_re
     stream = SPLIT.replace(b"\n", eol)
     for cut in [*range(1, len(stream)), len(stream)]:
         out, f = _run([stream[:cut], stream[cut:]])
-        assert f.captured.kv == KV and f.captured.output_ids == [11] and f.captured.prompt_ids == [5, 6], cut
+        assert f.captured.kv == KV and f.captured.output_ids == [11] and f.captured.prompt(None) == of_list([5, 6]), cut
         assert not f.broken and not f.dropped, cut
         assert _client_view(out) == [{"id": "x", "choices": [{"index": 0, "delta": {"content": "hi"}}]}, "[DONE]"]
 

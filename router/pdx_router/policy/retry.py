@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from ..ids import IdText
 from . import Outcome
 from .reuse import TurnPlan
 
@@ -36,7 +37,7 @@ class Attempt:
         return self.plan.kv if self.reuse else None
 
     @property
-    def compared_ids(self) -> list[int] | None:
+    def compared_ids(self) -> IdText | None:
         """The prompt ids this try's reuse was planned on, to hold decode's ids against."""
         return self.plan.compared_ids if self.reuse else None
 

@@ -14,9 +14,11 @@ from typing import Any
 
 import orjson
 
+from .. import ids
 from ..endpoints import Endpoint
-from ..entries import Captured, Entry, pack_ids
-from ..tokens import blocks_for, common_prefix_len, infer_block_size
+from ..entries import Captured, Entry
+from ..ids import IdText
+from ..tokens import blocks_for, infer_block_size
 from . import Outcome
 
 # ---------------------------------------------------------------- is the entry live
@@ -55,28 +57,16 @@ def cut_block_ids(block_ids: Any, num_blocks: int) -> list[list[int]]:
     return [list(group[:num_blocks]) for group in block_ids]
 
 
-def packed_prompt(prompt_ids: Sequence[int], held: int) -> Sequence[int]:
-    """The new prompt as the held ids are kept, so the prefix check compares memory (packing
-    16k ids costs about what comparing them as lists did). Only the first `held` ids can
-    match. An id no token can have (negative, or 2^32 and up) cannot be packed: those ids
-    are compared as they are (slowly, and never equal to a held id)."""
-    head = prompt_ids[:held]
-    try:
-        return pack_ids(head)
-    except (OverflowError, TypeError):
-        return head
-
-
-def plan_reuse(entry: Entry, prompt_ids: Sequence[int], threshold: int) -> ReusePlan:
+def plan_reuse(entry: Entry, prompt_ids: IdText, threshold: int) -> ReusePlan:
     """Decide how many of decode's tokens prefill may read for this prompt.
 
     The last prompt token is always left for prefill to compute (it needs logits).
     """
-    held = entry.token_ids[: entry.num_tokens]
-    lcp = common_prefix_len(held, packed_prompt(prompt_ids, len(held)))
-    usable = min(lcp, len(prompt_ids) - 1)
+    # An entry holds exactly num_tokens ids (make_entry cuts them so).
+    lcp, held_more, prompt_more = ids.compare(entry.token_ids, entry.num_tokens, prompt_ids)
+    usable = lcp if prompt_more else lcp - 1
     if usable < max(threshold, 1):
-        diverged = lcp < len(held) and lcp < len(prompt_ids)
+        diverged = held_more and prompt_more
         return ReusePlan(Outcome.PREFIX_MISMATCH if diverged else Outcome.BELOW_THRESHOLD)
     # A deep copy (the entry must stay intact); kv is JSON from decode's answer, and a JSON
     # round trip copies it ~7x faster than copy.deepcopy, on the TTFT path.
@@ -112,7 +102,7 @@ class IdsSource(StrEnum):
 class PromptIds:
     """The new prompt's ids, or None when no source had them (then the prefix cannot be checked)."""
 
-    ids: list[int] | None
+    ids: IdText | None
     source: IdsSource | None = None
     text: str | None = None  # the chat prompt as the router's tokenizer rendered it, if it did
 
@@ -124,7 +114,7 @@ class TurnPlan:
     outcome: Outcome
     reused_tokens: int = 0
     kv: dict[str, Any] | None = None  # what prefill reads of decode's blocks (HIT only)
-    compared_ids: list[int] | None = None  # the prompt ids the prefix check compared (HIT only)
+    compared_ids: IdText | None = None  # the prompt ids the prefix check compared (HIT only)
     local_ids: bool = False  # ...and they came from the router's own tokenizer
     text: str | None = None  # the chat prompt as the router's tokenizer rendered it
     affinity: str | None = None  # the decode that held the conversation's entry
@@ -157,18 +147,21 @@ def plan_turn(entry: Entry, prompt: PromptIds, threshold: int) -> TurnPlan:
     )
 
 
-def prompt_ids_of_completion(body: dict[str, Any]) -> list[int] | None:
+def prompt_ids_of_completion(body: dict[str, Any]) -> IdText | None:
     """A completions prompt given as token ids needs no tokenize call."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and all(type(x) is int for x in prompt):
-        return list(prompt)
+        try:
+            return ids.of_list(prompt)
+        except ValueError:
+            return None  # a negative id: no token, nothing to compare
     return None
 
 
 # ---------------------------------------------------------------- after the turn
 
 
-def prompt_ids_agree(compared: list[int] | None, used: list[int] | None) -> bool:
+def prompt_ids_agree(compared: IdText | None, used: IdText | None) -> bool:
     """Did the engine run the prompt the prefix check was made on? Unknown counts as yes:
     there is nothing to hold against the turn (decode's ids were not asked for)."""
     return compared is None or used is None or compared == used
@@ -176,7 +169,7 @@ def prompt_ids_agree(compared: list[int] | None, used: list[int] | None) -> bool
 
 def make_entry(
     decode_kv: dict[str, Any] | None,
-    prompt_ids: Sequence[int] | None,
+    prompt_ids: IdText | None,
     output_ids: Sequence[int] | None,
     decode: Endpoint,
     now: float,
@@ -190,16 +183,17 @@ def make_entry(
         return None
     if decode_kv.get("remote_blocks_expiry_time") is None:
         return None  # bidirectional off on decode: it does not keep the blocks
-    held = [*prompt_ids, *output_ids][:n]
-    if len(held) < n:
-        return None  # we cannot name every token decode holds: never guess
     try:
-        ids = pack_ids(held)
-    except (OverflowError, TypeError):
+        output = ids.of_list(output_ids)
+    except ValueError:
         return None  # an id no token has: decode's answer is not to be built on
+    total = ids.count(prompt_ids) + len(output_ids)
+    if total < n:
+        return None  # we cannot name every token decode holds: never guess
+    held = ids.head(ids.join(prompt_ids, output), n, total)
     return Entry(
         kv=dict(decode_kv),
-        token_ids=ids,
+        token_ids=held,
         decode_url=decode.url,
         generation=decode.generation,
         stored_at=now,
@@ -217,13 +211,14 @@ class Kept:
 
 
 def after_turn(
-    captured: Captured, compared_ids: list[int] | None, decode: Endpoint, now: float, ttl_seconds: float
+    captured: Captured, compared_ids: IdText | None, decode: Endpoint, now: float, ttl_seconds: float
 ) -> Kept:
     """The entry to keep, if any. A reuse decision made on ids the engine did not use
     (/tokenize missed a template argument, or the router's tokenizer rendered differently)
     keeps nothing, so the conversation's next turn cannot build on it."""
     if captured.choices > 1:
         return Kept(None)  # several answers: no single history to continue
-    if not prompt_ids_agree(compared_ids, captured.prompt_ids):
+    prompt = captured.prompt(compared_ids)
+    if not prompt_ids_agree(compared_ids, prompt):
         return Kept(None, mismatch=True)
-    return Kept(make_entry(captured.kv, captured.prompt_ids, captured.output_ids, decode, now, ttl_seconds))
+    return Kept(make_entry(captured.kv, prompt, captured.output_ids, decode, now, ttl_seconds))

@@ -13,6 +13,7 @@ from typing import Any
 from pdx_contract.router_config import TenancyConfig
 
 from ..chat_tokens import renders_plainly
+from ..ids import IdText, fragment
 
 # What prefill gets when there is nothing to reuse (the reference protocol's first hop).
 FRESH_PREFILL_KV: dict[str, Any] = {
@@ -237,16 +238,16 @@ def prefill_body(body: dict[str, Any], is_chat: bool, kv: dict[str, Any] | None)
 _PREFILL_KEEPS = ("model", "cache_salt", "priority")
 
 
-def prefill_on_ids(body: dict[str, Any], ids: list[int], kv: dict[str, Any]) -> dict[str, Any]:
+def prefill_on_ids(body: dict[str, Any], ids: IdText, kv: dict[str, Any]) -> dict[str, Any]:
     """A reused chat turn's prefill as a completions request on the exact ids the prefix
     check compared: prefill neither renders nor tokenizes the prompt again, and the KV it
     reads is for exactly those ids. Its one token is thrown away, so sampling fields go."""
     out = {k: body[k] for k in _PREFILL_KEEPS if k in body}
-    out.update(prompt=list(ids), max_tokens=1, stream=False, n=1, kv_transfer_params=dict(kv))
+    out.update(prompt=fragment(ids), max_tokens=1, stream=False, n=1, kv_transfer_params=dict(kv))
     return out
 
 
-def prefill_request(req: ClientRequest, kv: dict[str, Any] | None, ids: list[int] | None) -> tuple[str, dict[str, Any]]:
+def prefill_request(req: ClientRequest, kv: dict[str, Any] | None, ids: IdText | None) -> tuple[str, dict[str, Any]]:
     """The prefill hop as (path, body); kv None means no reuse this attempt.
 
     Only a plainly rendered chat prefills on ids: decode renders the chat itself, and its
@@ -274,7 +275,7 @@ def decode_body(body: dict[str, Any], prefill_kv: dict[str, Any] | None, want_to
 
 
 def decode_request(
-    req: ClientRequest, prefill_kv: dict[str, Any] | None, compared_ids: list[int] | None
+    req: ClientRequest, prefill_kv: dict[str, Any] | None, compared_ids: IdText | None
 ) -> dict[str, Any]:
     """The decode hop's body; a reused completions turn (compared_ids set) runs the exact ids
     its prefill computed. A chat is left for decode to render (see pin_completion_prompt)."""
@@ -284,14 +285,14 @@ def decode_request(
     return out
 
 
-def pin_completion_prompt(body: dict[str, Any], ids: list[int]) -> dict[str, Any]:
+def pin_completion_prompt(body: dict[str, Any], ids: IdText) -> dict[str, Any]:
     """A completions prompt becomes the exact id list the prefix check compared.
 
     Chat has no such pin in vLLM (it always renders the messages itself, and ignores unknown
     keys in kv_transfer_params), so chat reuse rests on /tokenize rendering like the chat
     request does; `reuse.after_turn` checks that after every reused turn.
     """
-    return {**body, "prompt": list(ids)}
+    return {**body, "prompt": fragment(ids)}  # the text as it is, inside the body's JSON
 
 
 # ---------------------------------------------------------------- /tokenize

@@ -1,0 +1,131 @@
+"""Decode's event stream to the client, block by block, from the engine socket's callback.
+
+The router's cost per relayed chunk is what this module is for: in the common case a block
+from decode is filtered and written to the client's socket within the callback that read it,
+with no task switch, no stream reader and no writer coroutine. Everything else (the first
+block, which carries the status line; storing the entry before the client can see the end
+of the turn; waiting for a slow client; a malformed or broken stream; the end) makes the
+relay hold what it has, pause reading from decode, and wake the handler's coroutine
+(`Router._relay_stream`), which does it with aiohttp and then hands the relay back the
+client's socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from .upstream import StreamFilter
+from .wire import Call, Head
+
+HIGH_WATER = 1 << 16  # bytes queued for a slow client before decode is paused
+
+
+class StreamRelay:
+    """A `wire.Sink` for decode's streamed answer."""
+
+    def __init__(self, filt: StreamFilter, limit: int, on_first: Callable[[], None]) -> None:
+        self.filt = filt
+        self.limit = limit  # an error answer is kept whole up to this
+        self.on_first = on_first  # the first data line reaches the client (TTFT)
+        self.first = True
+        self.call: Call | None = None
+        self.head_: Head | None = None
+        self.error_body: list[bytes] | None = None  # an answer of status >= 400, kept whole
+        self.pending: list[bytes] = []  # filtered, for the coroutine to write
+        self.last = b""  # the end of decode's bytes so far: a whole stream ends with [DONE]
+        self.ended = False
+        self.failed: Exception | None = None
+        self.client_gone = False
+        self.stored = False  # the entry is stored (or nothing to store): the end may pass
+        self._out: asyncio.Transport | None = None  # the client's socket, while the relay writes itself
+        self._chunked = True
+        self.held = False  # the callbacks write nothing and decode is paused until release()
+        self._wake: asyncio.Future[None] | None = None
+
+    # ------------------------------------------------------------ the engine's side (callbacks)
+
+    def head(self, head: Head) -> None:
+        self.head_ = head
+        if head.status >= 400:
+            self.error_body = []
+        self._hold()
+
+    def body(self, data: bytes) -> None:
+        if self.error_body is not None:
+            self.error_body.append(data)
+            if sum(map(len, self.error_body)) > self.limit:
+                self.fail(ConnectionError(f"error answer above {self.limit} bytes"))
+            return
+        last = self.last
+        self.last = data[-16:] if len(data) >= 16 else (last + data)[-16:]
+        filt = self.filt
+        block = filt.feed(data)
+        out = self._out
+        if out is None or filt.dropped or (not self.stored and filt.captured.kv is not None):
+            self.pending.append(block)
+            self._hold()
+            return
+        if not block:
+            return
+        if out.is_closing():
+            self.client_gone = True
+            self.pending.append(block)
+            self._hold()
+            return
+        out.write(b"".join((b"%x\r\n" % len(block), block, b"\r\n")) if self._chunked else block)
+        if self.first and block.find(b"data:") >= 0:  # the space after data: is optional
+            self.first = False
+            self.on_first()
+        if out.get_write_buffer_size() > HIGH_WATER:
+            self._hold()  # the coroutine waits for the client to drain
+
+    def end(self) -> None:
+        self.ended = True
+        self._hold()
+
+    def fail(self, exc: Exception) -> None:
+        self.failed = exc
+        if self.call is not None:
+            self.call.abort()
+        self._hold()
+
+    # ------------------------------------------------------------ the coroutine's side
+
+    def _hold(self) -> None:
+        """Write nothing more from the callback; pause decode; wake the coroutine."""
+        self._out = None
+        if self.held:
+            return
+        self.held = True
+        if self.call is not None and not self.ended and self.failed is None:
+            self.call.pause()
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    async def wait(self) -> None:
+        """Until the callbacks hold (at once if they already do)."""
+        if not self.held:
+            self._wake = asyncio.get_running_loop().create_future()
+            try:
+                await self._wake
+            finally:
+                self._wake = None
+
+    def take(self) -> list[bytes]:
+        out, self.pending = self.pending, []
+        return out
+
+    def release(self, transport: asyncio.Transport | None, chunked: bool) -> None:
+        """Let decode's bytes come again; with the client's socket, the relay writes them to
+        it itself (after the first write, which carries aiohttp's status line and headers).
+        While something is still for the coroutine (blocks held, the end, a failure), it stays
+        held: no callback would come to wake it (one read may bring the head, the body and
+        the end at once)."""
+        self._out, self._chunked = transport, chunked
+        if self.pending or self.ended or self.failed is not None or self.client_gone:
+            self._out = None
+            return
+        self.held = False
+        if self.call is not None:
+            self.call.resume()

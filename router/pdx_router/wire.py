@@ -1,0 +1,505 @@
+"""HTTP/1.1 to the engines on asyncio protocols, with no task switch per chunk.
+
+Why not aiohttp's client on this path: relaying decode's stream cost pdx about twice the CPU
+of the Rust routers, two thirds of it in aiohttp's per-chunk machinery (every read of its
+stream reader is a future and a task switch; then the server's chunked writer and its drain
+check). Here the socket's callback takes the framing off and hands each block straight to a
+`Sink`, which for decode's stream filters it and writes it to the client in the same call.
+
+Only what an engine sends is read: a status line, headers, and a body framed by
+Content-Length, chunked encoding, or the end of the connection. Connections are kept alive
+per engine. One kept idle for longer than `idle_seconds` is closed rather than reused
+(uvicorn, vLLM's server, closes idle connections after 5 s: a request sent as it does so
+would fail); and a request whose reused connection closes before any byte of the answer is
+sent once more on a new one, which is what an engine closing an idle connection looks like.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol, cast
+from urllib.parse import urlsplit
+
+MAX_HEAD_BYTES = 64 << 10  # status line and headers: vLLM's are a few hundred bytes
+_HEX = b"0123456789abcdefABCDEF"
+_MAX_CHUNK_LINE = 4096  # a chunk-size line with its extensions
+
+
+class WireError(ConnectionError):
+    """The engine could not be reached, closed the connection early, or its HTTP was not
+    readable: to the router the same thing as an engine that is not there."""
+
+
+class ConnectTimeout(WireError):
+    """No connection within the connect timeout: unreachable, not slow."""
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The status line and headers of an answer."""
+
+    status: int
+    headers: dict[str, str]  # names in lower case; a repeated header's values joined by ", "
+
+    @property
+    def content_type(self) -> str:
+        """The media type alone, in lower case (as aiohttp's `content_type` gives it)."""
+        return self.headers.get("content-type", "application/octet-stream").split(";", 1)[0].strip().lower()
+
+
+class Sink(Protocol):
+    """Where an answer goes, called from the socket's callback in this order: head once,
+    body for every block of the body (framing taken off), then end or fail once."""
+
+    def head(self, head: Head) -> None: ...
+
+    def body(self, data: bytes) -> None: ...
+
+    def end(self) -> None: ...
+
+    def fail(self, exc: Exception) -> None: ...
+
+
+class _Length:
+    """A body of Content-Length bytes."""
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+        self.extra = False  # bytes after the body: the connection is not reused
+
+    def feed(self, data: bytes) -> tuple[bytes, bool]:
+        if len(data) >= self.left:
+            self.extra = len(data) > self.left
+            data, self.left = data[: self.left], 0
+            return data, True
+        self.left -= len(data)
+        return data, False
+
+
+class _UntilClose:
+    """A body that ends with the connection (neither length nor chunked)."""
+
+    extra = False
+
+    def feed(self, data: bytes) -> tuple[bytes, bool]:
+        return data, False
+
+
+class _Chunked:
+    """Chunked transfer coding, taken off incrementally: sizes in strict hex (extensions
+    ignored), each chunk's CRLF checked, trailers read and dropped."""
+
+    def __init__(self) -> None:
+        self._need = 0  # bytes of the current chunk still to come
+        self._crlf = False  # the CRLF after a chunk's data is next
+        self._trailer = False  # the last chunk has come: trailer lines until an empty one
+        self._buf = b""
+        self.extra = False
+
+    def feed(self, data: bytes) -> tuple[bytes, bool]:
+        if self._buf:
+            data, self._buf = self._buf + data, b""
+        elif not (self._need or self._crlf or self._trailer):
+            # The common read: exactly one whole chunk (a streamed event), sized in plain hex.
+            eol = data.find(b"\r\n", 0, 16)
+            if eol > 0 and not data[:eol].strip(_HEX):
+                end = eol + 2 + int(data[:eol], 16)
+                if end + 2 == len(data) and end > eol + 2 and data.endswith(b"\r\n"):
+                    return data[eol + 2 : end], False
+        out: list[bytes] = []
+        pos, n = 0, len(data)
+        while pos < n:
+            if self._need:
+                take = min(self._need, n - pos)
+                out.append(data[pos : pos + take] if take < n or pos else data)
+                pos += take
+                self._need -= take
+                self._crlf = not self._need
+            elif self._crlf:
+                if n - pos < 2:
+                    self._buf = data[pos:]
+                    break
+                if data[pos : pos + 2] != b"\r\n":
+                    raise WireError("chunked body: no CRLF after a chunk")
+                pos += 2
+                self._crlf = False
+            else:
+                eol = data.find(b"\r\n", pos)
+                if eol < 0:
+                    if n - pos > _MAX_CHUNK_LINE:
+                        raise WireError("chunked body: a size line without its end")
+                    self._buf = data[pos:]
+                    break
+                line = data[pos:eol]
+                pos = eol + 2
+                if self._trailer:
+                    if not line:  # the empty line after the trailers: the body is whole
+                        self.extra = pos < n
+                        return _joined(out), True
+                    continue
+                size = line.split(b";", 1)[0].strip(b" \t")
+                if not size or len(size) > 15 or size.strip(_HEX):
+                    raise WireError(f"chunked body: bad chunk size {line[:40]!r}")
+                self._need = int(size, 16)
+                self._trailer = not self._need
+        return _joined(out), False
+
+
+def _joined(pieces: list[bytes]) -> bytes:
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+def parse_head(raw: bytes) -> tuple[Head, bool]:
+    """A status line and headers (without the blank line) -> (head, keep-alive)."""
+    lines = raw.split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    if len(parts) < 2 or parts[0] not in (b"HTTP/1.1", b"HTTP/1.0") or not parts[1].isdigit() or len(parts[1]) != 3:
+        raise WireError(f"not an HTTP/1.x status line: {lines[0][:60]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep or not name or name != name.strip():
+            raise WireError(f"unreadable header line {line[:60]!r}")
+        key, text = name.decode("latin-1").lower(), value.strip(b" \t").decode("latin-1")
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    conn = headers.get("connection", "").lower()
+    keep = "close" not in conn if parts[0] == b"HTTP/1.1" else "keep-alive" in conn
+    return Head(int(parts[1]), headers), keep
+
+
+def _body_of(head: Head) -> _Length | _Chunked | _UntilClose | None:
+    """How the body is framed; None: there is none."""
+    if head.status in (204, 304) or 100 <= head.status < 200:
+        return None
+    if "chunked" in head.headers.get("transfer-encoding", "").lower():
+        return _Chunked()
+    length = head.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise WireError(f"bad Content-Length {length[:40]!r}")
+        return _Length(int(length)) if int(length) else None
+    return _UntilClose()
+
+
+class Call:
+    """One request in flight. The sink's owner may pause and resume reading (backpressure)
+    and abort (the client left: closing the connection makes the engine abort the request)."""
+
+    def __init__(
+        self, wire: Wire, key: tuple[str, int], request: list[bytes], sink: Sink, silence: float | None
+    ) -> None:
+        self._wire = wire
+        self._key = key
+        self._request = request
+        self.sink: Sink | None = sink
+        self.conn: _Conn | None = None
+        self.silence = silence  # seconds without a byte from the engine that end the call
+        self.last_read = 0.0
+        self.paused = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def pause(self) -> None:
+        self.paused = True
+        if self.conn is not None and self.conn.transport is not None:
+            self.conn.transport.pause_reading()
+
+    def resume(self) -> None:
+        self.paused = False
+        self.last_read = time.monotonic()  # a pause is the client's time, not the engine's silence
+        if self.conn is not None and self.conn.transport is not None:
+            self.conn.transport.resume_reading()
+
+    def abort(self) -> None:
+        """Stop: the sink hears nothing more, and the connection is closed, not reused."""
+        self.sink = None
+        self._stop_timer()
+        if self.conn is not None:
+            self.conn.drop()
+
+    # --------------------------------------------------------------- the wire's side
+
+    def _send(self, conn: _Conn) -> None:
+        self.conn = conn
+        conn.call = self
+        self.last_read = time.monotonic()
+        if self.silence is not None and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.silence, self._check_silence)
+        assert conn.transport is not None
+        conn.transport.writelines(self._request)
+
+    def _check_silence(self) -> None:
+        self._timer = None
+        if self.sink is None or self.silence is None:
+            return
+        quiet = time.monotonic() - self.last_read
+        if self.paused or quiet < self.silence:
+            wait = self.silence if self.paused else self.silence - quiet
+            self._timer = asyncio.get_running_loop().call_later(wait, self._check_silence)
+            return
+        self._fail(TimeoutError(f"no byte from the engine within {self.silence:g} s"))
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fail(self, exc: Exception) -> None:
+        sink = self.sink
+        self.abort()
+        if sink is not None:
+            sink.fail(exc)
+
+    def _done(self) -> None:
+        sink, self.sink = self.sink, None
+        self._stop_timer()
+        if sink is not None:
+            sink.end()
+
+    def _resend(self) -> None:
+        """The reused connection closed before answering: once more on a new one."""
+        self.conn = None
+        task = asyncio.get_running_loop().create_task(self._reconnect())
+        self._wire.tasks.add(task)
+        task.add_done_callback(self._wire.tasks.discard)
+
+    async def _reconnect(self) -> None:
+        try:
+            conn = await self._wire.connect(self._key)
+        except WireError as exc:
+            self._fail(exc)
+            return
+        if self.sink is None:  # aborted meanwhile
+            conn.drop()
+            return
+        self._send(conn)
+        if self.paused and conn.transport is not None:
+            conn.transport.pause_reading()
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection to an engine: reads one answer at a time into its call."""
+
+    def __init__(self, wire: Wire, key: tuple[str, int]) -> None:
+        self._wire = wire
+        self._key = key
+        self.transport: asyncio.Transport | None = None
+        self.call: Call | None = None
+        self.answers = 0  # answered requests: a reused connection may have gone stale
+        self.idle_since = 0.0
+        self._buf = b""
+        self._body: _Length | _Chunked | _UntilClose | None = None
+        self._keep = False
+        self._got = False  # a byte of the current answer has come
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # (uvloop's is not a subclass)
+
+    def data_received(self, data: bytes) -> None:
+        call = self.call
+        if call is None or call.sink is None:
+            self.drop()  # bytes nobody asked for: the connection cannot be trusted with another request
+            return
+        self._got = True
+        call.last_read = time.monotonic()
+        body = self._body
+        if body is None:
+            try:
+                data = self._read_head(data, call)
+            except WireError as exc:
+                call._fail(exc)
+                return
+            body = self._body
+            if body is None or call.sink is None or not data:
+                return
+        try:
+            block, whole = body.feed(data)
+        except WireError as exc:
+            call._fail(exc)
+            return
+        if block and call.sink is not None:
+            call.sink.body(block)
+        if whole and self.call is call:
+            self._finish(call, reuse=self._keep and not body.extra)
+
+    def _read_head(self, data: bytes, call: Call) -> bytes:
+        """Take the head off `data` and tell the sink; what follows it is body."""
+        buf = self._buf + data if self._buf else data
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buf) > MAX_HEAD_BYTES:
+                raise WireError(f"answer headers above {MAX_HEAD_BYTES} bytes")
+            self._buf = buf
+            return b""
+        self._buf = b""
+        head, self._keep = parse_head(buf[:end])
+        rest = buf[end + 4 :]
+        if 100 <= head.status < 200:  # an interim answer (100 Continue): the real one follows
+            return self._read_head(rest, call) if rest else b""
+        body = _body_of(head)
+        assert call.sink is not None
+        call.sink.head(head)
+        if body is None:
+            if self.call is call:
+                self._finish(call, reuse=self._keep and not rest)
+            return b""
+        self._body = body
+        return rest
+
+    def _finish(self, call: Call, reuse: bool) -> None:
+        self.call, self._body, self._got = None, None, False
+        self.answers += 1
+        mine, call.conn = call.conn is self, None  # the call's pause/resume/abort no longer reach it
+        call._done()
+        if reuse and mine and self.transport is not None:
+            self.transport.resume_reading()  # the call may have paused it
+            self._wire.release(self._key, self)
+        else:
+            self.drop()
+
+    def eof_received(self) -> bool | None:
+        return False  # close: connection_lost ends an answer that runs until the close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self._wire.forget(self._key, self)
+        call, self.call = self.call, None
+        if call is None or call.sink is None:
+            return
+        if isinstance(self._body, _UntilClose):
+            call._done()
+        elif not self._got and self.answers:  # a kept-alive connection the engine had closed
+            call._resend()
+        else:
+            call._fail(WireError(f"the engine closed the connection{f': {exc!r}' if exc else ''}"))
+
+    def drop(self) -> None:
+        self.call = None
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class Wire:
+    """Connections to the engines, kept alive per (host, port)."""
+
+    def __init__(self, connect_timeout: float = 5.0, idle_seconds: float = 4.0) -> None:
+        self.connect_timeout = connect_timeout
+        self.idle_seconds = idle_seconds
+        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._bases: dict[str, tuple[tuple[str, int], bytes, bytes]] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def _base(self, url: str) -> tuple[tuple[str, int], bytes, bytes]:
+        """(host, port), Host header value and path prefix of an engine's base URL."""
+        got = self._bases.get(url)
+        if got is None:
+            parts = urlsplit(url)
+            if parts.scheme != "http" or not parts.hostname:
+                raise WireError(f"engine URL {url!r}: only http://host:port URLs are spoken to")
+            port = parts.port or 80
+            got = self._bases[url] = ((parts.hostname, port), parts.netloc.encode(), parts.path.rstrip("/").encode())
+        return got
+
+    async def send(
+        self, url: str, path: str, body: bytes, headers: Mapping[str, str], sink: Sink, silence: float | None = None
+    ) -> Call:
+        """POST `body` (JSON) to `url + path`; the answer goes to `sink`. `silence`: seconds
+        without a byte from the engine after which the sink fails with TimeoutError."""
+        key, host, prefix = self._base(url)
+        lines = [
+            b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+            % (prefix, path.encode(), host, len(body))
+        ]
+        for name, value in headers.items():
+            if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
+                raise ValueError(f"header {name!r}: no line breaks or colons in a header sent to an engine")
+            lines.append(f"{name}: {value}\r\n".encode("latin-1"))
+        lines.append(b"\r\n")
+        call = Call(self, key, [b"".join(lines), body], sink, silence)
+        conn = self._take(key)
+        call._send(conn if conn is not None else await self.connect(key))
+        return call
+
+    async def connect(self, key: tuple[str, int]) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await loop.create_connection(lambda: _Conn(self, key), key[0], key[1])
+        except TimeoutError:
+            raise ConnectTimeout(f"no connection to {key[0]}:{key[1]} within {self.connect_timeout:g} s") from None
+        except OSError as exc:
+            raise WireError(f"cannot connect to {key[0]}:{key[1]}: {exc.strerror or exc!r}") from None
+        return conn
+
+    def _take(self, key: tuple[str, int]) -> _Conn | None:
+        idle = self._idle.get(key)
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()  # the most recently used: the least likely to have gone stale
+            fresh = now - conn.idle_since < self.idle_seconds
+            if fresh and conn.transport is not None and not conn.transport.is_closing():
+                return conn
+            conn.drop()
+        return None
+
+    def release(self, key: tuple[str, int], conn: _Conn) -> None:
+        conn.idle_since = time.monotonic()
+        self._idle.setdefault(key, []).append(conn)
+
+    def forget(self, key: tuple[str, int], conn: _Conn) -> None:
+        idle = self._idle.get(key)
+        if idle and conn in idle:
+            idle.remove(conn)
+
+    async def close(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.drop()
+        self._idle.clear()
+        for task in list(self.tasks):
+            task.cancel()
+
+
+class Collect:
+    """A sink that keeps a whole (small) answer: prefill's, /tokenize's, a JSON decode's."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.head_: Head | None = None
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.call: Call | None = None
+
+    def head(self, head: Head) -> None:
+        self.head_ = head
+        length = head.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            self._over(f"answer of {length} bytes, above {self.limit}")
+
+    def body(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.limit:
+            self._over(f"answer above {self.limit} bytes")
+            return
+        self.parts.append(data)
+
+    def end(self) -> None:
+        if not self.done.done():
+            self.done.set_result(b"".join(self.parts))
+
+    def fail(self, exc: Exception) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc)
+
+    def _over(self, why: str) -> None:
+        if self.call is not None:
+            self.call.abort()
+        if not self.done.done():
+            self.done.set_exception(TooBig(why))
+
+
+class TooBig(Exception):
+    """An answer longer than the router holds in memory (see upstream.MAX_ANSWER_BYTES)."""

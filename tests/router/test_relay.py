@@ -1,0 +1,55 @@
+"""Decode's stream through the relay (pdx_router.relay) whatever way the socket delivers it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from .conftest import StackFactory
+from .helpers import user
+
+EVENTS = (
+    b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"},'
+    b'"finish_reason":null}]}\n\n',
+    b"data: [DONE]\n\n",
+)
+
+
+def chunked(*parts: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+
+
+@pytest.fixture
+async def decode_in_one_write() -> AsyncIterator[str]:
+    """A decode engine whose whole streamed answer (status line, headers, events, the end)
+    leaves in one write, so the router reads all of it at once."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(int(head.split(b"Content-Length: ", 1)[1].split(b"\r\n", 1)[0]))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + chunked(*EVENTS)
+        )
+        await writer.drain()
+        await reader.read()  # until the router closes or reuses the connection
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    server.close()
+
+
+async def test_a_stream_read_whole_in_one_read_is_relayed_whole(
+    make_stack: StackFactory, decode_in_one_write: str
+) -> None:
+    s = await make_stack(decode=(decode_in_one_write,))
+    body = {"model": "Qwen", "messages": [user("hello")], "stream": True}
+    timeout = aiohttp.ClientTimeout(total=5)
+    url = s.url + "/v1/chat/completions"
+    async with aiohttp.ClientSession(timeout=timeout) as http, http.post(url, json=body) as r:
+        got = await r.read()
+    assert r.status == 200 and got == b"".join(EVENTS)
