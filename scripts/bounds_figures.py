@@ -28,7 +28,7 @@ from aiohttp import web
 
 from pdx_router.app import build_app
 from pdx_router.config import RouterConfig
-from pdx_router.upstream import StreamFilter
+from pdx_router.filters import StreamFilter
 
 
 def _free_port() -> int:

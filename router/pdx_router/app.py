@@ -29,6 +29,7 @@ from .config import ConfigError, RouterConfig
 from .discovery import Discovery, Pool
 from .endpoints import Endpoint
 from .entries import Captured, Entry
+from .filters import StreamFilter, filter_response, well_formed_kv
 from .ids import IdText, of_list
 from .metrics import Metrics
 from .policy import Outcome, engines, retry, reuse, shapes
@@ -41,14 +42,11 @@ from .store import MemoryStore, RedisStore, Store
 from .upstream import (
     ClientFacingError,
     MalformedAnswer,
-    StreamFilter,
     Upstream,
     UpstreamError,
     check_status,
-    filter_response,
     json_object,
     tokenized_ids,
-    well_formed_kv,
 )
 from .wire import ConnectTimeout
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from .upstream import StreamFilter
+from .filters import StreamFilter
 from .wire import Call, Head
 
 HIGH_WATER = 1 << 16  # bytes queued for a slow client before decode is paused

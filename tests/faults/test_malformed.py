@@ -16,9 +16,9 @@ import orjson
 import pytest
 
 from pdx_router.entries import Entry
+from pdx_router.filters import StreamFilter, well_formed_kv
 from pdx_router.policy.shapes import request_problem
 from pdx_router.store import MemoryStore
-from pdx_router.upstream import StreamFilter, well_formed_kv
 from tests.faults.tally import TALLY
 from tests.router.conftest import Stack, StackFactory
 from tests.router.helpers import EVIL, LONG, assistant, key_of, user

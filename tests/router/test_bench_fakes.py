@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import aiohttp
 
+from pdx_router.filters import well_formed_kv
 from pdx_router.testing.fake_engine import Cluster, EngineOptions, start_engine
-from pdx_router.upstream import well_formed_kv
 
 
 def test_kv_block_groups_refuse_bools_floats_negatives_and_non_lists() -> None:

@@ -18,8 +18,8 @@ import orjson
 import pytest
 
 from pdx_router.entries import Captured
+from pdx_router.filters import StreamFilter, filter_response
 from pdx_router.ids import of_list
-from pdx_router.upstream import StreamFilter, filter_response
 
 KV = {
     "do_remote_prefill": False,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import orjson
 
+from pdx_router.filters import StreamFilter
 from pdx_router.ids import of_list
-from pdx_router.upstream import StreamFilter
 
 KV = {"remote_block_ids": [[1, 2]], "remote_num_tokens": 20, "remote_blocks_expiry_time": 9.0}
 

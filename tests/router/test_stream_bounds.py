@@ -8,8 +8,8 @@ import time
 import orjson
 import pytest
 
+from pdx_router.filters import StreamFilter, well_formed_kv
 from pdx_router.ids import of_list
-from pdx_router.upstream import StreamFilter, well_formed_kv
 
 KV = {"remote_block_ids": [[1, 2]], "remote_num_tokens": 20, "remote_blocks_expiry_time": 9.0}
 # One chat chunk whose JSON is broken over three data: lines (SSE joins them with "\n").
