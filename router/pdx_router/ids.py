@@ -136,15 +136,9 @@ def compare(held: IdText, held_n: int, prompt: IdText) -> tuple[int, bool, bool]
     return before, True, True  # both go on with ids of their own (they differ at d)
 
 
-def common_prefix(a: bytes, b: bytes) -> int:
-    """How many leading ids two texts share: their common bytes, cut back to the last point
-    where both end an id. Equal text is equal ids (the form is canonical)."""
-    d = common_bytes(a, b)
-    if d == 0:
-        return 0
-    whole = a.count(b",", 0, d)  # ids that ended (at a comma) inside the common part
-    ends = a[d : d + 1] in (b"", b",") and b[d : d + 1] in (b"", b",")
-    return whole + 1 if ends else whole
+def common_prefix(a: IdText, b: IdText) -> int:
+    """How many leading ids two texts share (compare's first answer, a's ids counted)."""
+    return compare(a, count(a), b)[0]
 
 
 def to_list(t: bytes) -> list[int]:

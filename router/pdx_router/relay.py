@@ -32,6 +32,7 @@ class StreamRelay:
         self.call: Call | None = None
         self.head_: Head | None = None
         self.error_body: list[bytes] | None = None  # an answer of status >= 400, kept whole
+        self.error_size = 0
         self.pending: list[bytes] = []  # filtered, for the coroutine to write
         self.last = b""  # the end of decode's bytes so far: a whole stream ends with [DONE]
         self.ended = False
@@ -54,7 +55,8 @@ class StreamRelay:
     def body(self, data: bytes) -> None:
         if self.error_body is not None:
             self.error_body.append(data)
-            if sum(map(len, self.error_body)) > self.limit:
+            self.error_size += len(data)
+            if self.error_size > self.limit:
                 self.fail(ConnectionError(f"error answer above {self.limit} bytes"))
             return
         last = self.last

@@ -57,7 +57,7 @@ class Upstream:
         self.session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4, ttl_dns_cache=10)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=self.wire.idle_seconds, ttl_dns_cache=10)
         timeout = aiohttp.ClientTimeout(total=self.timeout_seconds, sock_connect=5)
         self.session = aiohttp.ClientSession(connector=connector, timeout=timeout)
 
