@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""What aiohttp's server costs for the client-facing half of a routed turn, and nothing else.
+"""What a server costs for the client-facing half of a routed turn, and nothing else:
+aiohttp's (pdx-router's before) and pdx-router's own (`pdx_router.front`), side by side.
 
-A server (its own process, uvloop, aiohttp as pdx-router serves) reads a chat body of about
-`--words` words, parses it, and streams 50 events: the first through aiohttp, the rest written
-to the socket from timer callbacks 2 ms apart, as pdx-router's relay writes decode's blocks. No
-engine is called. The load generator sends `--requests` turns at `--concurrency`. Printed: the
-server's user and system CPU per request (/proc), the floor pdx-router's client side stands on.
+A server (its own process, uvloop) reads a chat body of about `--words` words, parses it, and
+streams 50 events: the first through the server's stream, the rest written to the socket from
+timer callbacks 2 ms apart, as pdx-router's relay writes decode's blocks. No engine is called.
+The load generator sends `--requests` turns at `--concurrency`, to each server in turn,
+`--reps` times. Printed: each server's user and system CPU per request (/proc). The timers
+cost the same in both: the difference is the servers'.
 
-    .venv/bin/python scripts/bench_client_side.py [--requests 400] [--concurrency 8]
+    .venv/bin/python scripts/bench_client_side.py [--requests 400] [--concurrency 8] [--reps 2]
 """
 
 from __future__ import annotations
@@ -32,6 +34,51 @@ EVENT = (
 EVENTS = 50
 
 
+def _ticks(transport: asyncio.Transport, chunked: bool) -> asyncio.Future[None]:
+    """The 49 events after the first, from timer callbacks (as the relay writes them)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    left = [EVENTS - 1]
+    framed = b"%x\r\n%s\r\n" % (len(EVENT), EVENT) if chunked else EVENT
+
+    def tick() -> None:
+        transport.write(framed)
+        left[0] -= 1
+        if left[0]:
+            loop.call_later(0.002, tick)
+        else:
+            done.set_result(None)
+
+    loop.call_later(0.002, tick)
+    return done
+
+
+def serve_front(port: int) -> None:
+    import uvloop
+
+    from pdx_router.front import Request, Routes, Server, Stream
+    from pdx_router.metrics import Metrics
+
+    async def chat(req: Request) -> Stream:
+        orjson.loads(await req.read())
+        out = Stream(200, {"Content-Type": "text/event-stream"})
+        out.start(req)
+        out.write(EVENT)
+        assert out.transport is not None
+        await _ticks(out.transport, out.chunked)
+        out.end()
+        return out
+
+    async def main() -> None:
+        routes = Routes()
+        routes.add("POST", "/v1/chat/completions", chat)
+        await Server(routes, Metrics(), 4096, 10.0, 1 << 24).start("127.0.0.1", port)
+        await asyncio.Event().wait()
+
+    uvloop.install()
+    asyncio.run(main())
+
+
 def serve(port: int) -> None:
     import uvloop
     from aiohttp import web
@@ -41,21 +88,8 @@ def serve(port: int) -> None:
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(req)
         await out.write(EVENT)
-        transport, loop = req.transport, asyncio.get_running_loop()
-        assert transport is not None
-        done: asyncio.Future[None] = loop.create_future()
-        left = [EVENTS - 1]
-
-        def tick() -> None:
-            transport.write(b"%x\r\n%s\r\n" % (len(EVENT), EVENT))
-            left[0] -= 1
-            if left[0]:
-                loop.call_later(0.002, tick)
-            else:
-                done.set_result(None)
-
-        loop.call_later(0.002, tick)
-        await done
+        assert req.transport is not None
+        await _ticks(req.transport, True)  # type: ignore[arg-type]
         await out.write_eof()
         return out
 
@@ -89,26 +123,31 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--words", type=int, default=6000, help="the chat body's size (6000: about 40 KB)")
+    p.add_argument("--reps", type=int, default=2)
     p.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--server", choices=("aiohttp", "front"), default="aiohttp", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
-        serve(args.serve)
+        (serve_front if args.server == "front" else serve)(args.serve)
         return
-    port = free_port()
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port)])
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    try:
-        time.sleep(2)
-        asyncio.run(load(url, args.words, 20, 2))  # warm up
-        u0, s0 = cpu(server.pid)
-        asyncio.run(load(url, args.words, args.requests, args.concurrency))
-        u1, s1 = cpu(server.pid)
-    finally:
-        server.terminate()
-        server.wait()
     n = args.requests
-    print(f"aiohttp's client side alone, {n} streamed turns of {EVENTS} events at concurrency {args.concurrency}:")
-    print(f"  user {(u1 - u0) * 1000 / n:.2f} ms + system {(s1 - s0) * 1000 / n:.2f} ms of CPU per request")
+    print(f"the client side alone, {n} streamed turns of {EVENTS} events at concurrency {args.concurrency}:")
+    for rep in range(args.reps):
+        for which in ("aiohttp", "front"):
+            port = free_port()
+            server = subprocess.Popen([sys.executable, __file__, "--serve", str(port), "--server", which])
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            try:
+                time.sleep(2)
+                asyncio.run(load(url, args.words, 20, 2))  # warm up
+                u0, s0 = cpu(server.pid)
+                asyncio.run(load(url, args.words, args.requests, args.concurrency))
+                u1, s1 = cpu(server.pid)
+            finally:
+                server.terminate()
+                server.wait()
+            user, system = (u1 - u0) * 1000 / n, (s1 - s0) * 1000 / n
+            print(f"  rep {rep + 1} {which:8} user {user:.2f} ms + system {system:.2f} ms of CPU per request")
 
 
 if __name__ == "__main__":

@@ -24,9 +24,8 @@ import time
 
 import aiohttp
 import orjson
-from aiohttp import web
 
-from pdx_router.app import build_app
+from pdx_router.app import build
 from pdx_router.config import RouterConfig
 from pdx_router.filters import StreamFilter
 
@@ -39,10 +38,8 @@ def _free_port() -> int:
 
 
 async def metrics(junk: int = 20_000) -> None:
-    runner = web.AppRunner(build_app(RouterConfig()), access_log=None)
-    await runner.setup()
-    port = _free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    serving = build(RouterConfig())
+    port = await serving.start("127.0.0.1", 0)
     url = f"http://127.0.0.1:{port}"
     async with aiohttp.ClientSession() as http:
         small = len(await (await http.get(url + "/metrics")).read())
@@ -73,7 +70,7 @@ async def metrics(junk: int = 20_000) -> None:
         took = time.perf_counter() - t0
         done = True
         await ticker
-    await runner.cleanup()
+    await serving.close()
     print(
         f"metrics: /metrics {small / 1024:.1f} KiB before, {big / 1024:.1f} KiB after {junk} junk paths; "
         f"scrape {took * 1000:.0f} ms, event loop stalled at most {stall * 1000:.0f} ms"

@@ -10,26 +10,23 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import orjson
-from aiohttp import web
-from aiohttp.http_writer import StreamWriter
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from pdx_contract.stats import Holding
 
-from .bounds import CONNECTIONS, Connections
 from .chat_tokens import ChatTokenizer, TextPrefix
 from .config import ConfigError, RouterConfig
 from .discovery import Discovery, Pool
 from .endpoints import Endpoint
 from .entries import Captured, Entry
 from .filters import StreamFilter, filter_response, well_formed_kv
+from .front import Answer, Request, Routes, Server, Stream, json_answer
 from .ids import IdText, of_list
 from .metrics import Metrics
 from .policy import Outcome, engines, retry, reuse, shapes
@@ -105,39 +102,39 @@ class Router:
 
     # ------------------------------------------------------------ lifecycle
 
-    async def start(self, _app: web.Application) -> None:
+    async def start(self) -> None:
         await self.upstream.start()
         await self.discovery.start()
 
-    async def stop(self, _app: web.Application) -> None:
+    async def stop(self) -> None:
         await self.discovery.stop()
         await self.upstream.close()
         await self.store.close()
 
     # ------------------------------------------------------------ small routes
 
-    async def health(self, _req: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+    async def health(self, _req: Request) -> Answer:
+        return json_answer({"status": "ok"})
 
-    async def ready(self, _req: web.Request) -> web.Response:
+    async def ready(self, _req: Request) -> Answer:
         gen = engines.choose_generation(self.pool.endpoints, self.cfg.generation)
         if gen is None:
-            return web.json_response({"ready": False, "reason": "no healthy P/D pair"}, status=503)
-        return web.json_response({"ready": True, "generation": gen})
+            return json_answer({"ready": False, "reason": "no healthy P/D pair"}, status=503)
+        return json_answer({"ready": True, "generation": gen})
 
-    async def models(self, _req: web.Request) -> web.Response:
+    async def models(self, _req: Request) -> Answer:
         model = {"id": self.cfg.served_model_name, "object": "model", "owned_by": "pdx"}
-        return web.json_response({"object": "list", "data": [model]})
+        return json_answer({"object": "list", "data": [model]})
 
-    async def metrics_route(self, _req: web.Request) -> web.Response:
+    async def metrics_route(self, _req: Request) -> Answer:
         if (entries := await self._count()) is not None:
             self.metrics.entries.set(entries)
         # In a thread, so a scrape never stalls the streams (prometheus_client takes a lock per
         # metric and per value: the loop may count meanwhile).
         body = await asyncio.to_thread(generate_latest, self.metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return Answer(200, body, CONTENT_TYPE_LATEST)
 
-    async def holding(self, req: web.Request) -> web.Response:
+    async def holding(self, req: Request) -> Answer:
         """How many live entries of this config generation point at one decode: a decode being
         scaled away (pdx_engine.drain, its preStop) waits until none does. Entries of another
         generation are no use to the next turns, so a rollout never waits for them."""
@@ -150,23 +147,23 @@ class Router:
             self._store_failed("holding", exc)
             entries = None  # unknown: the decode's drain decides (it stops waiting)
         answer = Holding(decode=decode, generation=self.cfg.generation, entries=entries)
-        return web.Response(body=orjson.dumps(answer.to_json()), content_type="application/json")
+        return Answer(200, orjson.dumps(answer.to_json()))
 
-    async def stats(self, _req: web.Request) -> web.Response:
+    async def stats(self, _req: Request) -> Answer:
         entries = await self._count()  # None: the store is down (its errors are counted)
         stats = self.metrics.stats(entries or 0, self.trust.state if self.chat_tokens is not None else "off")
         stats = stats.model_copy(update={"store_bytes": await self._nbytes() or 0})
-        return web.Response(body=orjson.dumps(stats.to_json()), content_type="application/json")
+        return Answer(200, orjson.dumps(stats.to_json()))
 
     # ------------------------------------------------------------ completions
 
-    async def chat(self, req: web.Request) -> web.StreamResponse:
+    async def chat(self, req: Request) -> Answer | Stream:
         return await self._complete(req, "/v1/chat/completions", True)
 
-    async def completions(self, req: web.Request) -> web.StreamResponse:
+    async def completions(self, req: Request) -> Answer | Stream:
         return await self._complete(req, "/v1/completions", False)
 
-    async def _complete(self, req: web.Request, path: str, is_chat: bool) -> web.StreamResponse:
+    async def _complete(self, req: Request, path: str, is_chat: bool) -> Answer | Stream:
         started = time.perf_counter()
         rid = shapes.request_id(req.headers.get("X-Request-ID"), uuid.uuid4().hex)
         try:
@@ -175,9 +172,8 @@ class Router:
             body = orjson.loads(raw)
         except TimeoutError:
             seconds = self.cfg.body_timeout_seconds
-            slow = _error(408, f"request body not received within bodyTimeoutSeconds ({seconds:g} s)", rid)
-            slow.force_close()  # the rest of the body is unread: the connection carries no next request
-            return slow
+            # The rest of the body is unread: the connection carries no next request.
+            return _error(408, f"request body not received within bodyTimeoutSeconds ({seconds:g} s)", rid, close=True)
         except orjson.JSONDecodeError:
             return _error(400, "request body is not valid JSON", rid)
         if not isinstance(body, dict):
@@ -197,8 +193,7 @@ class Router:
         except NoEngines:
             return _error(503, "no healthy prefill/decode pair of one generation", rid)
         except ClientFacingError as exc:
-            headers = {"X-Request-ID": rid}
-            return web.Response(status=exc.status, body=exc.body, content_type=exc.content_type, headers=headers)
+            return Answer(exc.status, exc.body, exc.content_type, {"X-Request-ID": rid})
         # What went wrong inside goes to the log, with the engine's URL; the client learns the
         # role and a request id to quote, never an address or an engine's words.
         except MalformedAnswer as exc:  # counted by _after_failure
@@ -262,7 +257,7 @@ class Router:
         self.metrics.prompt_ids_from(IdsSource.ENGINE)
         return ids
 
-    async def _serve(self, req: web.Request, ask: ClientRequest, started: float) -> web.StreamResponse:
+    async def _serve(self, req: Request, ask: ClientRequest, started: float) -> Answer | Stream:
         gen = self._generation()
         prefill = engines.choose_prefill(self.pool.endpoints, gen)
         assert prefill is not None
@@ -335,9 +330,10 @@ class Router:
         return out
 
     async def _decode(
-        self, req: web.Request, ask: ClientRequest, done: Prefilled, decode: Endpoint, body: dict[str, Any]
-    ) -> web.StreamResponse:
+        self, req: Request, ask: ClientRequest, done: Prefilled, decode: Endpoint, body: dict[str, Any]
+    ) -> Answer | Stream:
         decode.outstanding += 1
+        out: Answer | Stream
         try:
             if ask.stream:
                 out = await self._relay_stream(req, ask, done, decode, body)
@@ -353,8 +349,8 @@ class Router:
         return out
 
     async def _relay_stream(
-        self, req: web.Request, ask: ClientRequest, done: Prefilled, decode: Endpoint, body: dict[str, Any]
-    ) -> web.StreamResponse:
+        self, req: Request, ask: ClientRequest, done: Prefilled, decode: Endpoint, body: dict[str, Any]
+    ) -> Stream:
         # Always filtered, even when nothing is captured or stripped: decode's
         # kv_transfer_params never reach a client (a block without them passes untouched).
         filt = StreamFilter(capture=ask.capture, strip_ids=not ask.wants_ids)
@@ -381,24 +377,20 @@ class Router:
             if head.content_type != "text/event-stream":
                 raise MalformedAnswer(decode, head.status, f"a {head.content_type} answer, not text/event-stream")
             headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-            out = _EventStream(headers={**headers, **self._answer_headers(ask, done)})
-            await out.prepare(req)
-            return await self._relay_events(req, ask, done, decode, relay, out)
+            out = Stream(200, {**headers, **self._answer_headers(ask, done)})
+            out.start(req)
+            return await self._relay_events(ask, done, decode, relay, out)
         finally:
             if not relay.ended:
                 call.abort()  # the client left, or the stream is given up: decode aborts the request
 
     async def _relay_events(
-        self, req: web.Request, ask: ClientRequest, done: Prefilled, decode: Endpoint, relay: StreamRelay,
-        out: web.StreamResponse,
-    ) -> web.StreamResponse:  # fmt: skip
+        self, ask: ClientRequest, done: Prefilled, decode: Endpoint, relay: StreamRelay, out: Stream
+    ) -> Stream:
         """The coroutine's part of the relay: whatever the callbacks held (see relay.py)."""
         filt = relay.filt
-        writer, transport = req.writer, req.transport
-        chunked = isinstance(writer, StreamWriter) and writer.chunked
-        direct: asyncio.Transport | None = None  # the client's socket, once aiohttp sent the headers
         while True:
-            relay.release(direct, chunked)
+            relay.release(out.transport, out.chunked)  # (None until the head has left)
             await relay.wait()
             for block in relay.take():
                 if not relay.stored and filt.captured.kv is not None:
@@ -409,8 +401,7 @@ class Router:
                 if filt.dropped:
                     return await self._end_malformed(out, filt, block, "a line that is not readable JSON", ask)
                 if block:
-                    await out.write(block)
-                    direct = cast(asyncio.Transport, transport)
+                    out.write(block)
                     if relay.first and block.find(b"data:") >= 0:
                         relay.first = False
                         relay.on_first()
@@ -425,41 +416,39 @@ class Router:
                 # the first chunk, and no [DONE], so no client takes the cut answer for a whole one.
                 what = "timed out (upstreamTimeoutSeconds)" if isinstance(exc, TimeoutError) else "broke off"
                 err = _error_body(502, f"the decode engine's stream {what}", ask.request_id)
-                await out.write(b"data: " + orjson.dumps(err) + b"\n\n")  # whole lines only were written
-                await out.write_eof()
+                out.write(b"data: " + orjson.dumps(err) + b"\n\n")  # whole lines only were written
+                out.end()
                 return out
             if relay.ended:
                 break
-            await writer.drain()  # a slow client: decode waits meanwhile
+            await out.drain()  # a slow client: decode waits meanwhile
         if rest := filt.flush():
             if not relay.stored and filt.captured.kv is not None:
                 relay.stored = True
                 await self._store_entry(ask, done, decode, filt.captured)
-            await out.write(rest)
+            out.write(rest)
         if filt.dropped or not relay.last.rstrip().endswith(b"[DONE]"):
             return await self._end_malformed(out, filt, b"", "it ended before [DONE]", ask)
-        await out.write_eof()
+        out.end()
         return out
 
     async def _end_malformed(
-        self, out: web.StreamResponse, filt: StreamFilter, block: bytes, why: str, ask: ClientRequest
-    ) -> web.StreamResponse:
+        self, out: Stream, filt: StreamFilter, block: bytes, why: str, ask: ClientRequest
+    ) -> Stream:
         """Decode's stream cannot be relayed whole: what was readable, then an error event
         and no [DONE] (as for a broken stream); the turn is not stored."""
         self.metrics.upstream_errors.labels(Hop.DECODE.value).inc()
         filt.captured.kv = None
         if block:
-            await out.write(block)
+            out.write(block)
         what = "a line above the size limit" if filt.oversized else why
         log.warning("[%s] decode's stream was malformed: %s", ask.request_id, what)
         err = _error_body(502, f"the decode engine's stream was malformed: {what}", ask.request_id)
-        await out.write(b"data: " + orjson.dumps(err) + b"\n\n")
-        await out.write_eof()
+        out.write(b"data: " + orjson.dumps(err) + b"\n\n")
+        out.end()
         return out
 
-    async def _relay_json(
-        self, ask: ClientRequest, done: Prefilled, decode: Endpoint, body: dict[str, Any]
-    ) -> web.StreamResponse:
+    async def _relay_json(self, ask: ClientRequest, done: Prefilled, decode: Endpoint, body: dict[str, Any]) -> Answer:
         head, raw = await self.upstream.post(decode, ask.path, orjson.dumps(body), ask.headers, total=False)
         if head.content_type != "application/json":
             raise MalformedAnswer(decode, head.status, f"a {head.content_type} answer, not application/json")
@@ -468,7 +457,7 @@ class Router:
         self.metrics.ttft.observe(time.perf_counter() - done.started)
         await self._store_entry(ask, done, decode, cap)  # the answer leaves after the handler returns
         headers = self._answer_headers(ask, done)
-        return web.Response(body=orjson.dumps(data), content_type="application/json", headers=headers)
+        return Answer(200, orjson.dumps(data), headers=headers)
 
     def _finish(self, done: Prefilled) -> None:
         """Record the turn and log the line the seed's data collection reads."""
@@ -564,16 +553,6 @@ class Router:
         log.warning("store.%s failed, the turn goes on without the store: %r", op, exc)
 
 
-ROUTER = web.AppKey("router", Router)
-
-
-class _EventStream(web.StreamResponse):
-    """The status line and headers leave with the first event: one send() on the TTFT path
-    instead of two. (aiohttp's web.Response sets the same class attribute.)"""
-
-    _send_headers_immediately = False
-
-
 def _log_hop(what: str, ep: Endpoint, kv: Any) -> None:
     """`--log-level debug`: the exact kv_transfer_params of every hop, one line each."""
     if log.isEnabledFor(logging.DEBUG):
@@ -584,9 +563,9 @@ def _error_body(status: int, message: str, request_id: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": "pdx_router_error", "code": status, "request_id": request_id}}
 
 
-def _error(status: int, message: str, request_id: str) -> web.Response:
-    body, headers = _error_body(status, message, request_id), {"X-Request-ID": request_id}
-    return web.json_response(body, status=status, headers=headers)
+def _error(status: int, message: str, request_id: str, close: bool = False) -> Answer:
+    body = orjson.dumps(_error_body(status, message, request_id))
+    return Answer(status, body, headers={"X-Request-ID": request_id}, close=close)
 
 
 def engine_key(path: str | None) -> str | None:
@@ -603,41 +582,33 @@ def engine_key(path: str | None) -> str | None:
     return key
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+@dataclass
+class Serving:
+    """A router and the server in front of it, started and stopped together."""
+
+    router: Router
+    server: Server
+
+    async def start(self, host: str, port: int) -> int:
+        """The port it listens on (0: one the OS picks)."""
+        await self.router.start()
+        return await self.server.start(host, port)
+
+    async def close(self) -> None:
+        await self.server.close()
+        await self.router.stop()
 
 
-@web.middleware
-async def count_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Labelled by the matched route, never the path a client typed (each distinct path would
-    be a series of its own: /metrics would grow without bound)."""
-    router: Router = request.app[ROUTER]
-    resource = request.match_info.route.resource
-    route = resource.canonical if resource is not None else None
-    try:
-        resp = await handler(request)
-    except web.HTTPException as exc:
-        router.metrics.request(route, exc.status)
-        raise
-    router.metrics.request(route, resp.status)
-    return resp
-
-
-def build_app(cfg: RouterConfig, store: Store | None = None) -> web.Application:
-    """An aiohttp app; the request-size limit makes aiohttp answer 413 by itself. Serve it
-    with bounds.BoundedSite(runner, app[CONNECTIONS], ...) for the connection bounds."""
+def build(cfg: RouterConfig, store: Store | None = None) -> Serving:
     router = Router(cfg, store)
-    conns = Connections(cfg.header_timeout_seconds, cfg.max_connections, router.metrics)
-    app = web.Application(client_max_size=cfg.max_request_bytes, middlewares=[conns.middleware, count_requests])
-    app[ROUTER] = router
-    app[CONNECTIONS] = conns
-    app.on_startup.append(router.start)
-    app.on_cleanup.append(router.stop)
-    app.router.add_post("/v1/chat/completions", router.chat)
-    app.router.add_post("/v1/completions", router.completions)
-    app.router.add_get("/v1/models", router.models)
-    app.router.add_get("/health", router.health)
-    app.router.add_get("/ready", router.ready)
-    app.router.add_get("/metrics", router.metrics_route)
-    app.router.add_get("/v1/pdx/stats", router.stats)
-    app.router.add_get("/v1/pdx/holding", router.holding)
-    return app
+    routes = Routes()
+    routes.add("POST", "/v1/chat/completions", router.chat)
+    routes.add("POST", "/v1/completions", router.completions)
+    routes.add("GET", "/v1/models", router.models)
+    routes.add("GET", "/health", router.health)
+    routes.add("GET", "/ready", router.ready)
+    routes.add("GET", "/metrics", router.metrics_route)
+    routes.add("GET", "/v1/pdx/stats", router.stats)
+    routes.add("GET", "/v1/pdx/holding", router.holding)
+    server = Server(routes, router.metrics, cfg.max_connections, cfg.header_timeout_seconds, cfg.max_request_bytes)
+    return Serving(router, server)

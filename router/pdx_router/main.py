@@ -10,14 +10,12 @@ import logging
 import os
 import sys
 
-from aiohttp import web
 from pydantic import ValidationError
 
 from pdx_contract.base import problems
 from pdx_contract.router_config import TenancyConfig
 
-from .app import build_app
-from .bounds import CONNECTIONS, BoundedSite
+from .app import build
 from .config import ConfigError, RouterConfig, StoreConfig, load_config, with_overrides
 
 
@@ -94,12 +92,9 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
 
 
 async def serve(cfg: RouterConfig) -> None:
-    """Run until cancelled; handler cancellation makes a client disconnect abort upstream."""
-    app = build_app(cfg)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = BoundedSite(runner, app[CONNECTIONS], cfg.host, cfg.port, backlog=1024)
-    await site.start()
+    """Run until cancelled; a client that disconnects cancels its handler, which aborts upstream."""
+    serving = build(cfg)
+    await serving.start(cfg.host, cfg.port)
     # Everything allocated so far (modules, app, metrics: ~57k objects) lives forever. Left
     # in the collector's view, each full collection walked it all and stalled every stream
     # for ~15-20 ms here (seen in the benchmark at 32 conversations); frozen, it is skipped.
@@ -108,7 +103,7 @@ async def serve(cfg: RouterConfig) -> None:
     try:
         await asyncio.Event().wait()
     finally:
-        await runner.cleanup()
+        await serving.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -88,7 +88,7 @@ class _UntilClose:
         return data, False
 
 
-class _Chunked:
+class Chunked:
     """Chunked transfer coding, taken off incrementally: sizes in strict hex (extensions
     ignored), each chunk's CRLF checked, trailers read and dropped."""
 
@@ -170,12 +170,12 @@ def parse_head(raw: bytes) -> tuple[Head, bool]:
     return Head(int(parts[1]), headers), keep
 
 
-def _body_of(head: Head) -> _Length | _Chunked | _UntilClose | None:
+def _body_of(head: Head) -> _Length | Chunked | _UntilClose | None:
     """How the body is framed; None: there is none."""
     if head.status in (204, 304) or 100 <= head.status < 200:
         return None
     if "chunked" in head.headers.get("transfer-encoding", "").lower():
-        return _Chunked()
+        return Chunked()
     length = head.headers.get("content-length")
     if length is not None:
         if not length.isdigit():
@@ -290,7 +290,7 @@ class _Conn(asyncio.Protocol):
         self.answers = 0  # answered requests: a reused connection may have gone stale
         self.idle_since = 0.0
         self._buf = b""
-        self._body: _Length | _Chunked | _UntilClose | None = None
+        self._body: _Length | Chunked | _UntilClose | None = None
         self._keep = False
         self._got = False  # a byte of the current answer has come
 

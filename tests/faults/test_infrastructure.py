@@ -26,12 +26,11 @@ from aiohttp import web
 
 from pdx.local.topology import free_port
 from pdx_contract.router_config import TenancyConfig
-from pdx_router.app import ROUTER, Router, build_app
 from pdx_router.config import RouterConfig, StoreConfig
 from pdx_router.store import MemoryStore
 from pdx_router.testing.fake_engine import Cluster, EngineOptions, FakeEngine
 from tests.faults.tally import TALLY
-from tests.router.conftest import StackFactory
+from tests.router.conftest import StackFactory, start_router
 from tests.router.helpers import LONG, assistant, user
 
 pytestmark = pytest.mark.faults
@@ -619,14 +618,8 @@ async def test_soak_entries_bounded_rss_flat_no_failures(make_stack: StackFactor
         conversation_ttl_seconds=ttl,
         tenancy=TenancyConfig(identity="single"),
     )
-    app = build_app(cfg, MemoryStore(max_entries, grace=grace))
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    s.runners.append(runner)
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    router: Router = app[ROUTER]
+    router, serving, url = await start_router(cfg, store=MemoryStore(max_entries, grace=grace))
+    s.servings.append(serving)
     fault = injected("soak")
     failures: list[Any] = []
     peak_entries = 0
@@ -724,13 +717,8 @@ async def test_a_store_that_fails_every_call_degrades_to_plain_pd(
         tenancy=TenancyConfig(identity="single"),
         reuse_headers=True,
     )
-    app = build_app(cfg, DownStore())
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    s.runners.append(runner)
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    _, serving, url = await start_router(cfg, store=DownStore())
+    s.servings.append(serving)
     conv = Conversation("down-1")
     for stream in (False, True, False):
         status, headers, _ = await conv.turn(http, url, stream=stream)

@@ -16,8 +16,9 @@ from aiohttp import web
 
 from pdx.local.topology import free_port
 from pdx_contract.router_config import TenancyConfig
-from pdx_router.app import ROUTER, Router, build_app
+from pdx_router.app import Router, Serving, build
 from pdx_router.config import RouterConfig
+from pdx_router.store import Store
 from pdx_router.testing.fake_engine import Cluster, EngineOptions, FakeEngine, start_engine
 
 
@@ -30,7 +31,8 @@ class Stack:
     decode_urls: list[str]
     routers: list[Router] = field(default_factory=list)
     router_urls: list[str] = field(default_factory=list)
-    runners: list[web.AppRunner] = field(default_factory=list)
+    runners: list[web.AppRunner] = field(default_factory=list)  # the fake engines'
+    servings: list[Serving] = field(default_factory=list)  # the routers'
 
     @property
     def url(self) -> str:
@@ -49,15 +51,13 @@ class Stack:
         return self.decodes[0]
 
 
-async def start_router(cfg: RouterConfig, host: str = "127.0.0.1") -> tuple[Router, web.AppRunner, str]:
-    app = build_app(cfg)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+async def start_router(
+    cfg: RouterConfig, host: str = "127.0.0.1", store: Store | None = None
+) -> tuple[Router, Serving, str]:
+    serving = build(cfg, store)
+    port = await serving.start(host, 0)
     shown = f"[{host}]" if ":" in host else host
-    return app[ROUTER], runner, f"http://{shown}:{port}"
+    return serving.router, serving, f"http://{shown}:{port}"
 
 
 StackFactory = Callable[..., Awaitable[Stack]]
@@ -106,14 +106,16 @@ async def make_stack() -> AsyncIterator[StackFactory]:
         }
         cfg = RouterConfig(**{**settings, **cfg_changes})
         for _ in range(routers):
-            router, runner, url = await start_router(cfg, host)
+            router, serving, url = await start_router(cfg, host)
             stack.routers.append(router)
             stack.router_urls.append(url)
-            stack.runners.append(runner)
+            stack.servings.append(serving)
         return stack
 
     yield factory
     for stack in stacks:
+        for serving in stack.servings:
+            await serving.close()
         for runner in reversed(stack.runners):
             await runner.cleanup()
 

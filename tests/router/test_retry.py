@@ -120,7 +120,7 @@ async def test_decode_gone_means_no_reuse_and_other_decode(
     _, _, data = await chat(http, s.url, msgs)
     holder = next(d for d in s.decodes if d.requests)
     idx = s.decodes.index(holder)
-    await s.runners[1 + idx].cleanup()  # runners: prefill, decode-0, decode-1, router
+    await s.runners[1 + idx].cleanup()  # runners: prefill, decode-0, decode-1
     msgs += [assistant(data["choices"][0]["message"]["content"]), user("next")]
     status, headers, data2 = await chat(http, s.url, msgs)
     assert status == 200 and data2["choices"][0]["message"]["content"]

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from pdx_contract.router_config import TenancyConfig
-from pdx_router.app import build_app
+from pdx_router.app import build
 from pdx_router.config import ConfigError, RouterConfig
 from pdx_router.store import MemoryStore
 
@@ -211,4 +211,4 @@ def test_an_unreadable_or_empty_engine_key_file_stops_the_router_naming_it(
         path.write_text(content)
     cfg = RouterConfig(prefill=("http://127.0.0.1:1",), decode=("http://127.0.0.1:2",), engine_api_key_file=str(path))
     with pytest.raises(ConfigError, match="engineApiKeyFile: " + problem.format(path)):
-        build_app(cfg)
+        build(cfg)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from pdx_router.wire import Collect, Head, Wire, WireError, _Chunked, parse_head
+from pdx_router.wire import Chunked, Collect, Head, Wire, WireError, parse_head
 
 Reply = Callable[[int, bytes], bytes | None]  # (request number on this connection, request) -> answer
 Start = Callable[[Reply], Awaitable["RawServer"]]
@@ -83,7 +83,7 @@ def chunks(*parts: bytes) -> bytes:
 
 
 def decode_all(data: bytes, step: int) -> tuple[bytes, bool]:
-    c, out, whole = _Chunked(), [], False
+    c, out, whole = Chunked(), [], False
     for i in range(0, len(data), step):
         block, whole = c.feed(data[i : i + step])
         out.append(block)
@@ -97,7 +97,7 @@ def test_a_chunked_body_reads_the_same_however_the_socket_splits_it() -> None:
 
 
 def test_a_chunked_body_read_one_whole_chunk_at_a_time_reads_the_same() -> None:
-    c, parts = _Chunked(), [b"data: {}\n\n", b"y" * 4000, b"data: [DONE]\n\n"]
+    c, parts = Chunked(), [b"data: {}\n\n", b"y" * 4000, b"data: [DONE]\n\n"]
     reads = [b"%x\r\n%s\r\n" % (len(p), p) for p in parts] + [b"0\r\n\r\n"]
     assert [c.feed(r) for r in reads] == [(p, False) for p in parts] + [(b"", True)]
 
@@ -110,12 +110,12 @@ def test_chunk_extensions_and_trailers_are_read_and_dropped() -> None:
 @pytest.mark.parametrize("size", [b"1_0", b"+5", b"0x5", b"-1", b"", b"zz", b"1" * 16])
 def test_a_chunk_size_that_is_not_plain_hex_is_refused(size: bytes) -> None:
     with pytest.raises(WireError, match="chunk size"):
-        _Chunked().feed(size + b"\r\nhello\r\n")
+        Chunked().feed(size + b"\r\nhello\r\n")
 
 
 def test_a_chunk_without_its_crlf_is_refused() -> None:
     with pytest.raises(WireError, match="CRLF"):
-        _Chunked().feed(b"5\r\nhelloXX0\r\n\r\n")
+        Chunked().feed(b"5\r\nhelloXX0\r\n\r\n")
 
 
 def test_an_unreadable_status_line_or_header_is_refused() -> None:
