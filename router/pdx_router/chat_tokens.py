@@ -75,7 +75,10 @@ class TextPrefix:
 
 
 def _digest(text: str) -> str:
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+    """128 bits of SHA-256: ~2x faster than blake2b here (SHA extensions), over a prompt's
+    whole head twice a turn. (Entries stored with the blake2b digests of before do not match:
+    their next turn asks /tokenize once, as for any head that does not match.)"""
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _raise(message: str) -> None:
@@ -152,12 +155,14 @@ class ChatTokenizer:
             return None
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        """The ids alone: the batch call without offsets takes half the CPU of `encode`
+        (0.22 against 0.43 ms for a 310-token tail here), and the ids are the same."""
+        return list(self.tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids)
 
     def encode_in_thread(self, text: str) -> list[int]:
-        """The same ids; for a worker thread: encode_batch releases the GIL, encode does not
-        (~1 µs a token here, so a 24k-token prompt would stall every stream for ~25 ms)."""
-        return list(self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids)
+        """The same ids; for a worker thread (the batch call releases the GIL: at ~1 µs a
+        token a 24k-token prompt would otherwise stall every stream for ~25 ms)."""
+        return self.encode(text)
 
     def prefix_of(self, text: str, prompt: IdText) -> TextPrefix | None:
         """Cut this prompt at its last special token: the head for the next turn to resume."""

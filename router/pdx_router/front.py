@@ -317,6 +317,8 @@ class _Conn(asyncio.Protocol):
         """Start the next request whose head has come whole (if any)."""
         assert self.transport is not None
         buf = self._buf
+        if buf[:1] in (b"\r", b"\n"):
+            buf = self._buf = buf.lstrip(b"\r\n")  # empty lines before a request line are ignored (RFC 9112)
         if not buf:
             return
         if self._timer is None or self._timer_idle:

@@ -90,6 +90,12 @@ async def test_pipelined_requests_are_answered_in_order_on_one_connection(server
     assert third[2] == b"data: 0\n\ndata: 1\n\ndata: 2\n\n" and third[1]["transfer-encoding"] == "chunked"
 
 
+async def test_empty_lines_before_a_request_line_are_ignored(server: tuple[Server, Open]) -> None:
+    _, open_ = server
+    r, _ = await open_(_post(b"a") + b"\r\n" + _post(b"bb"))  # a CRLF after a body, as old clients send
+    assert (await _answer(r))[2].startswith(b'{"n":1,') and (await _answer(r))[2].startswith(b'{"n":2,')
+
+
 async def test_a_chunked_request_body_is_read_whole_however_it_is_split(server: tuple[Server, Open]) -> None:
     _, open_ = server
     raw = b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n"
