@@ -6,8 +6,8 @@ with no task switch, no stream reader and no writer coroutine. Everything else (
 block, which carries the status line; storing the entry before the client can see the end
 of the turn; waiting for a slow client; a malformed or broken stream; the end) makes the
 relay hold what it has, pause reading from decode, and wake the handler's coroutine
-(`Router._relay_stream`), which does it with aiohttp and then hands the relay back the
-client's socket.
+(`Router._relay_stream`), which does it through the server's `front.Stream` and then hands
+the relay back the client's socket.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class StreamRelay:
 
     def release(self, transport: asyncio.Transport | None, chunked: bool) -> None:
         """Let decode's bytes come again; with the client's socket, the relay writes them to
-        it itself (after the first write, which carries aiohttp's status line and headers).
+        it itself (after the first write, which carries the status line and headers).
         While something is still for the coroutine (blocks held, the end, a failure), it stays
         held: no callback would come to wake it (one read may bring the head, the body and
         the end at once)."""
