@@ -27,7 +27,7 @@ _DATA_OBJ = b"data: {"
 _ONE_ID = re.compile(rb',"token_ids":\[(0|[1-9][0-9]{0,9})\]')  # one id, as vLLM writes it
 _INT_LIST = b"0123456789,[]"  # what a compact list of ints is made of
 _MISSING: Any = object()
-_INT_ONLY = {int}
+_DIGITS_COMMAS = b"0123456789,"  # a JSON list of non-negative ints, its brackets taken off
 _BLANK = (b"\n\n", b"\n\r", b"\r\r")  # a line end, then an empty line: an SSE event ends
 _EOLS = (b"\n", b"\r\n", b"\r")  # an empty line, as splitlines() gives it
 # The most of one engine answer the router holds in memory: a non-streamed answer, or one
@@ -72,9 +72,17 @@ def well_formed_kv(kv: Any) -> bool:
 
 
 def _block_group(g: Any) -> bool:
-    """A list of non-negative ints (not bools), checked at C speed: decode's groups hold a
-    block id per 16 or so tokens, thousands in a long conversation, checked every turn."""
-    return type(g) is list and (not g or (set(map(type, g)) == _INT_ONLY and min(g) >= 0))
+    """A list of non-negative ints (not bools, floats or lists), checked as its JSON text:
+    decode's groups hold a block id per 16 or so tokens, thousands in a long conversation,
+    checked twice a turn (prefill's answer, decode's). 3-4 µs for 520 ids against ~45 µs for
+    a check of each id's type and the minimum."""
+    if type(g) is not list:
+        return False
+    try:
+        text = orjson.dumps(g)
+    except orjson.JSONEncodeError:
+        return False  # an int beyond 64 bits, or something JSON has no form for
+    return not text[1:-1].translate(None, _DIGITS_COMMAS)
 
 
 def _json_start(line: bytes) -> int:

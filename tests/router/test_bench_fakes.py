@@ -10,7 +10,7 @@ from pdx_router.testing.fake_engine import Cluster, EngineOptions, start_engine
 
 
 def test_kv_block_groups_refuse_bools_floats_negatives_and_non_lists() -> None:
-    ok = {"remote_block_ids": [[0, 1, 2], [], [7]], "remote_num_tokens": 20}
+    ok = {"remote_block_ids": [[0, 1, 2], [], [7], [(1 << 64) - 1]], "remote_num_tokens": 20}
     assert well_formed_kv(ok)
     for groups in (
         [[1, True]],
@@ -21,6 +21,9 @@ def test_kv_block_groups_refuse_bools_floats_negatives_and_non_lists() -> None:
         [[1, "2"]],
         [[1, None]],
         [[1 << 40, -(1 << 40)]],
+        [[1, [2]]],
+        [[1 << 70]],
+        [[1, {"a": 2}]],
     ):
         assert not well_formed_kv({**ok, "remote_block_ids": groups}), groups
 
