@@ -15,8 +15,9 @@ does not pay for walking the objects:
   them by method and resource.
 
 Prints ``URL <server url>`` on stdout once listening; exits when stdin closes (the parent ended).
+``--cpu N`` pins the server to CPU N (the bench keeps the operator off it).
 
-    .venv/bin/python scripts/kmock_server.py
+    .venv/bin/python scripts/kmock_server.py [--cpu 1]
 """
 
 from __future__ import annotations
@@ -225,7 +226,11 @@ async def serve() -> None:
 
 
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cpu", type=int, help="run on this CPU only")
+    args = p.parse_args()
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})  # before any thread starts: they inherit it
     asyncio.run(serve())
     return 0
 
