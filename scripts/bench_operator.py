@@ -16,7 +16,9 @@ One leg, for N resources:
 
 Each phase reports CPU seconds: the operator's (this process, minus the thread driving the
 bench) and kmock's (its process). Bounded: converging stops at its deadline and reports what
-it reached.
+it reached. `--pin OP,MOCK` (default 0,1 on two or more CPUs; `none` to share) runs the leg's
+process on CPU OP and kmock on CPU MOCK, so the mock's CPU never takes the operator's core
+(both may still share theirs with whatever else runs on the machine).
 
 `--baseline-src DIR` runs the same leg twice, side by side in one run, each in its own
 process: first the operator from DIR (a checkout of an older revision, through PYTHONPATH),
@@ -114,9 +116,10 @@ class Mock:
         self.proc, self.url, self.session = proc, url, session
 
     @classmethod
-    async def start(cls) -> Mock:
+    async def start(cls, cpu: int | None = None) -> Mock:
+        pin = [] if cpu is None else [f"--cpu={cpu}"]
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(ROOT / "scripts" / "kmock_server.py"),
+            sys.executable, str(ROOT / "scripts" / "kmock_server.py"), *pin,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert proc.stdout is not None
@@ -231,9 +234,22 @@ def _per_resource(before: dict[str, Any], after: dict[str, Any], n: int) -> str:
     return f"{total / max(n, 1):.1f} ({top})"
 
 
-async def bench(resources: int, deadline: float, window: float, edits: int, settle: float) -> list[tuple[str, str]]:
+def _pins(spec: str) -> tuple[int, int] | None:
+    """(operator CPU, kmock CPU) from "OP,MOCK", or None for "none"."""
+    if spec == "none":
+        return None
+    op, mock = (int(x) for x in spec.split(","))
+    return op, mock
+
+
+async def bench(
+    resources: int, deadline: float, window: float, edits: int, settle: float, pins: tuple[int, int] | None = None
+) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
-    mock = await Mock.start()
+    if pins is not None:
+        os.sched_setaffinity(0, {pins[0]})  # this thread, before kopf's and the passes' start: they inherit it
+        rows.append(("cores", f"operator on CPU {pins[0]}, kmock on CPU {pins[1]}"))
+    mock = await Mock.start(None if pins is None else pins[1])
     pid = mock.proc.pid
     try:
         import kubernetes.config.kube_config as kc
@@ -361,7 +377,7 @@ def _leg(args: argparse.Namespace, src: Path | None) -> list[tuple[str, str]]:
 
 def _shared(args: argparse.Namespace) -> list[str]:
     return [f"--resources={args.resources}", f"--deadline={args.deadline}", f"--window={args.window}",
-            f"--edits={args.edits}", f"--settle={args.settle}"]  # fmt: skip
+            f"--edits={args.edits}", f"--settle={args.settle}", f"--pin={args.pin}"]  # fmt: skip
 
 
 def main() -> int:
@@ -373,10 +389,15 @@ def main() -> int:
     p.add_argument("--baseline-src", type=Path, help="a checkout whose operator is the baseline leg")
     p.add_argument("--baseline-deadline", type=float, help="the baseline leg's --deadline (one that never converges)")
     p.add_argument("--settle", type=float, default=2.0, help="seconds from convergence to the steady window")
+    p.add_argument(
+        "--pin",
+        default="0,1" if len(os.sched_getaffinity(0)) >= 2 else "none",
+        help="OP,MOCK: the operator's CPU and kmock's, or none (default 0,1 on two or more CPUs)",
+    )
     p.add_argument("--leg", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.leg:
-        asyncio.run(bench(args.resources, args.deadline, args.window, args.edits, args.settle))
+        asyncio.run(bench(args.resources, args.deadline, args.window, args.edits, args.settle, _pins(args.pin)))
         os._exit(0)  # not waiting for an operator thread that did not stop
     if args.baseline_src is None:
         _print(_leg(args, None))

@@ -5,6 +5,7 @@ cost a PATCH of the CR and one more watch event for kopf to process."""
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -86,3 +87,32 @@ def test_the_in_memory_diffbase_builds_the_essence_kopf_builds() -> None:
     ours = MemoryDiffBaseStorage().build(body=body)
     assert ours == kopf.AnnotationsDiffBaseStorage(prefix=labels.KOPF_PREFIX).build(body=body)
     assert ours == {"spec": raw["spec"], "metadata": {"labels": {"team": "search"}, "annotations": {"note": "kept"}}}
+
+
+def test_the_in_memory_progress_clears_as_kopf_does_and_copies_only_what_it_changes() -> None:
+    """kopf's annotations storage deep-copies every essence it clears (twice per CR event);
+    ours answers the same essence, and one with nothing to remove is not copied."""
+    import kopf
+
+    from pdx import labels
+    from pdx.controller.bookkeeping import MemoryProgressStorage
+
+    ours = MemoryProgressStorage(prefix=labels.KOPF_PREFIX)
+    kopfs = kopf.AnnotationsProgressStorage(prefix=labels.KOPF_PREFIX)
+    spec = cr_document()["spec"]
+    cases: list[dict[str, Any]] = [
+        {"spec": spec, "metadata": {"labels": {"team": "search"}, "annotations": {"note": "kept"}}},
+        {"spec": spec, "metadata": {"annotations": {"pdx.dev/touch-dummy": "x", "note": "kept"}}},
+        {"spec": spec, "metadata": {"annotations": {"pdx.dev/touch-dummy": "x"}}},
+        {"spec": spec, "metadata": {"labels": {}, "annotations": {"note": "kept"}}},
+        {"spec": spec, "metadata": {}},
+        {"spec": spec, "status": {}},
+        {"spec": spec},
+    ]
+    for essence in cases:
+        before = copy.deepcopy(essence)
+        cleared = ours.clear(essence=cast(kopf.BodyEssence, essence))
+        assert cleared == kopfs.clear(essence=cast(kopf.BodyEssence, copy.deepcopy(before))), essence
+        assert essence == before  # the essence given is never changed
+    plain = cast(kopf.BodyEssence, cases[0])
+    assert ours.clear(essence=plain) is plain

@@ -13,12 +13,13 @@ acts only on complete state. A pass with nothing to do sends no request, and one
 snapshot is the same as that of the last pass that found nothing to do is skipped without
 rendering.
 
-Triggers: create/update/resume of a DisaggregatedInference, a periodic timer (drift repair
+Triggers: create/update/resume of a DisaggregatedInference, a periodic pass (drift repair
 of any child kind, router reuse counters; from the same state, so a safety net, not a
 re-read), and events of the StatefulSets and Deployments the operator owns (a deleted or
 hand-edited engine set comes back at once; pod readiness reaches the router's endpoints
-file through the sets' status): the feed wakes the resource's daemon, which kopf stops
-while peering pauses this replica, so a standby acts on nothing. Passes for one resource
+file through the sets' status): the feed wakes the resource's daemon, which also runs the
+periodic pass and which kopf stops while peering pauses this replica, so a standby acts on
+nothing. Passes for one resource
 never overlap: a trigger arriving while a pass runs marks the resource dirty and the running
 pass goes once more (from a new snapshot), so bursts of child events collapse into one or
 two passes. Passes of different resources run in parallel on a pool of PDX_WORKERS threads
@@ -29,6 +30,7 @@ answer) triggers nothing: the pass that wrote it already saw that state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -60,7 +62,7 @@ log = logging.getLogger(__name__)
 
 RESYNC_SECONDS = float(os.environ.get("PDX_RESYNC_SECONDS", "30"))
 WORKERS = int(os.environ.get("PDX_WORKERS", "8"))  # passes in flight at once, over all resources
-# One timer pass per this many seconds, over all resources, reads its resource from the API
+# One periodic pass per this many seconds, over all resources, reads its resource from the API
 # instead (see `_work`): O(1) requests per interval however many resources there are.
 AUDIT_SECONDS = float(os.environ.get("PDX_AUDIT_SECONDS", str(RESYNC_SECONDS)))
 STATS_TIMEOUT_SECONDS = 2.0
@@ -147,7 +149,7 @@ class _Audit:
 
 
 def _audit_due(memo: Any) -> bool:
-    """Whether this timer pass is the audit of its interval (on the event loop: no lock)."""
+    """Whether this periodic pass is the audit of its interval (on the event loop: no lock)."""
     audit: _Audit | None = getattr(memo, "audit", None)
     if audit is None:
         audit = memo.audit = _Audit()
@@ -350,16 +352,6 @@ async def converge(namespace: str | None, name: str, memo: Any, logger: Any, **k
         raise kopf.TemporaryError(outcome.error, delay=RETRY_DELAY_SECONDS)
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-async def resync(namespace: str | None, name: str, memo: Any, logger: Any, **kw: Any) -> None:
-    """Drift repair and the router's reuse counters; errors wait for the next tick."""
-    assert namespace is not None
-    try:
-        await _pass(memo, kw, namespace, name, stats=True, logger=logger)
-    except ApiError as err:
-        logger.warning("periodic reconcile of %s/%s failed: %s", namespace, name, err)
-
-
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
 def deleted(namespace: str | None, name: str, memo: Any, logger: Any, uid: str | None, **_: Any) -> None:
     """No finalizer: children carry ownerReferences and the garbage collector removes them."""
@@ -424,18 +416,33 @@ def _child_changed(event_type: str, body: dict[str, Any]) -> None:
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=1.0)
 async def follow(namespace: str | None, name: str, memo: Any, logger: Any, **kw: Any) -> None:
-    """Passes on child events. A daemon, not a call from the feed: kopf stops daemons while
-    peering pauses the replica (and on deletion), so a standby never writes. Cancelled by
-    kopf when it stops, from wherever it waits."""
+    """Passes on child events, and every RESYNC_SECONDS the periodic one (drift repair of
+    any kind, the router's reuse counters; its errors wait for the next one).
+
+    One task per resource for both: a kopf timer beside it was a second task, and a second
+    spawning handler kopf checks on every event of the CR, for each resource. A daemon, not
+    a call from the feed: kopf stops daemons while peering pauses the replica (and on
+    deletion), so a standby never writes. Cancelled by kopf when it stops, from wherever it
+    waits. The periodic pass comes RESYNC_SECONDS after the daemon starts and after each
+    periodic pass ends, whatever child events came in between (as kopf's timer did)."""
     assert namespace is not None
     gate = _gate((namespace, name))
+    loop = asyncio.get_running_loop()
+    due = loop.time() + RESYNC_SECONDS
     while True:
-        await gate.wake.wait()
+        if not gate.wake.is_set() and (left := due - loop.time()) > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await gate.wake.wait()
         gate.wake.clear()
+        periodic = loop.time() >= due
         try:
-            await _pass(memo, kw, namespace, name, stats=False, logger=logger)
+            await _pass(memo, kw, namespace, name, stats=periodic, logger=logger)
         except ApiError as err:
-            logger.warning("reconcile of %s/%s after a child event failed: %s", namespace, name, err)
+            what = "periodic reconcile" if periodic else "reconcile after a child event"
+            logger.warning("%s of %s/%s failed: %s", what, namespace, name, err)
+        if periodic:
+            due = loop.time() + RESYNC_SECONDS
 
 
 def _index_cr(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:

@@ -1,13 +1,14 @@
 """All Kubernetes API I/O of the operator: get, list, server-side apply, status, delete.
 
 Built on the official client's configuration (address, auth, TLS; kubeconfig or in-cluster)
-but speaking plain JSON dicts over one keep-alive `http.client` connection per thread:
-rendered manifests go out as they are (orjson), and any object can be compared with what was
-rendered. The generated client's request path (parameter sanitising, serialisation, per-request
-auth refresh), then urllib3's pool and response layers, cost more CPU than the rest of an
-apply; a pass sends a dozen requests in a row on one thread, which needs no pool. Through an
-HTTP proxy (kubeconfig `proxy-url`) calls go through the client's urllib3 pool instead. One
-field manager, `pdx-operator`, owns every child.
+but speaking plain JSON dicts over one keep-alive HTTP/1.1 connection per thread
+(`http1.Connection`): rendered manifests go out as they are (orjson), and any object can be
+compared with what was rendered. The generated client's request path (parameter sanitising,
+serialisation, per-request auth refresh), then urllib3's pool and response layers, then
+`http.client`'s header handling, each cost more CPU than the rest of an apply; a pass sends a
+dozen requests in a row on one thread, which needs no pool. Through an HTTP proxy (kubeconfig
+`proxy-url`) calls go through the client's urllib3 pool instead. One field manager,
+`pdx-operator`, owns every child.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 from pdx import labels
+from pdx.controller.http1 import Connection, Stale
 from pdx.kinds import PLURALS
 from pdx.spec import API_VERSION, KIND
 
@@ -86,9 +88,8 @@ def ssl_context(config: k8s_client.Configuration) -> ssl.SSLContext:
 
 
 # A keep-alive connection the server closed while idle fails on its next request before the
-# server reads it; that request is sent once more on a new connection (all of ours are
-# idempotent: server-side apply, merge patches, GET, DELETE).
-_STALE = (http.client.RemoteDisconnected, http.client.CannotSendRequest, ConnectionResetError, BrokenPipeError)
+# server reads it (`Stale`); that request is sent once more on a new connection (all of ours
+# are idempotent: server-side apply, merge patches, GET, DELETE).
 
 
 @dataclass
@@ -103,18 +104,16 @@ class Kube:
     _local: threading.local = field(default_factory=threading.local, init=False, repr=False)
     _ssl: ssl.SSLContext | None = field(default=None, init=False, repr=False)
 
-    def _connection(self) -> http.client.HTTPConnection:
-        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+    def _connection(self) -> Connection:
+        conn: Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             where = urlsplit(self.api.configuration.host)
-            if where.scheme == "https":
-                if self._ssl is None:
-                    self._ssl = ssl_context(self.api.configuration)
-                conn = http.client.HTTPSConnection(
-                    where.hostname or "", where.port or 443, timeout=self.timeout, context=self._ssl
-                )
-            else:
-                conn = http.client.HTTPConnection(where.hostname or "", where.port or 80, timeout=self.timeout)
+            tls = where.scheme == "https"
+            if tls and self._ssl is None:
+                self._ssl = ssl_context(self.api.configuration)
+            conn = Connection(
+                where.hostname or "", where.port or (443 if tls else 80), self.timeout, self._ssl if tls else None
+            )
             self._local.conn = conn
         return conn
 
@@ -127,22 +126,11 @@ class Kube:
             )
             return proxied.status, proxied.data or b""
         target = urlsplit(self.api.configuration.host).path.rstrip("/") + target
-        for attempt in (1, 2):
-            conn = self._connection()
-            try:
-                conn.request(method, target, body=body, headers=headers)
-                resp = conn.getresponse()
-                return resp.status, resp.read()
-            except _STALE:
-                conn.close()
-                self._local.conn = None
-                if attempt == 2:
-                    raise
-            except BaseException:
-                conn.close()
-                self._local.conn = None
-                raise
-        raise AssertionError("unreachable")
+        conn = self._connection()
+        try:
+            return conn.request(method, target, body, headers)
+        except Stale:
+            return conn.request(method, target, body, headers)  # on a new connection; fails as it fails
 
     def _auth_setting(self) -> dict[str, Any] | None:
         """The bearer token setting, re-read once a minute: the client's own per-request
