@@ -228,7 +228,9 @@ class _Conn(asyncio.Protocol):
     def __init__(self, server: Server) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
-        self._buf = b""
+        self._buf = bytearray()  # what came of the next request's head (appended: a head sent
+        self._scanned = 0  # a byte at a time costs linear time, and is searched once)
+        self._line_seen = False  # the request line has ended (its length is within MAX_LINE)
         self._request: Request | None = None  # the request being served
         self._body: Chunked | int | None = None  # what of its body is still to come
         self._task: asyncio.Task[None] | None = None
@@ -262,7 +264,7 @@ class _Conn(asyncio.Protocol):
             data = self._feed_body(data)
             if self._request is None or not data:
                 return
-        self._buf = self._buf + data if self._buf else data
+        self._buf += data
         if self._task is not None:  # a request is being answered: the next one waits
             if len(self._buf) > READ_AHEAD and not self._paused_reading:
                 self._paused_reading = True
@@ -317,21 +319,24 @@ class _Conn(asyncio.Protocol):
         """Start the next request whose head has come whole (if any)."""
         assert self.transport is not None
         buf = self._buf
-        if buf[:1] in (b"\r", b"\n"):
-            buf = self._buf = buf.lstrip(b"\r\n")  # empty lines before a request line are ignored (RFC 9112)
+        if not self._scanned and buf[:1] in (bytearray(b"\r"), bytearray(b"\n")):
+            del buf[: len(buf) - len(buf.lstrip(b"\r\n"))]  # empty lines before a request line are ignored (RFC 9112)
         if not buf:
             return
         if self._timer is None or self._timer_idle:
             self._arm(self.server.header_timeout, self._head_too_slow)  # its first byte
-        end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
+        end = buf.find(b"\r\n\r\n", max(self._scanned - 3, 0), MAX_HEAD + 4)
         if end < 0:
+            self._scanned = len(buf)
             if len(buf) > MAX_HEAD:
                 self._refuse(Refused(431, f"the request's head is above {MAX_HEAD} bytes"))
-            elif buf.find(b"\r\n", 0, MAX_LINE + 2) < 0 and len(buf) > MAX_LINE:
-                self._refuse(Refused(431, f"a request or header line is above {MAX_LINE} bytes"))
+            elif not self._line_seen and len(buf) > MAX_LINE:
+                if buf.find(b"\r\n", 0, MAX_LINE + 2) < 0:
+                    self._refuse(Refused(431, f"a request or header line is above {MAX_LINE} bytes"))
+                self._line_seen = True
             return
-        head, rest = buf[:end], buf[end + 4 :]
-        self._buf = b""
+        head, rest = bytes(buf[:end]), bytes(buf[end + 4 :])
+        self._buf, self._scanned, self._line_seen = bytearray(), 0, False
         try:
             req, body = self._parse(head)
         except Refused as exc:

@@ -96,6 +96,21 @@ async def test_empty_lines_before_a_request_line_are_ignored(server: tuple[Serve
     assert (await _answer(r))[2].startswith(b'{"n":1,') and (await _answer(r))[2].startswith(b'{"n":2,')
 
 
+async def test_a_head_sent_a_byte_at_a_time_is_read_whole(server: tuple[Server, Open]) -> None:
+    """Each read appends to one buffer and the search for the head's end resumes where it
+    stopped (a slow sender costs time linear in what it sends, not quadratic)."""
+    _, open_ = server
+    raw = b"\r\n" + _post(b"abc", b"X-Pad: " + b"p" * 3000 + b"\r\n")
+    r, w = await open_()
+    for i in range(len(raw)):
+        w.write(raw[i : i + 1])
+        if i % 256 == 0:
+            await w.drain()
+            await asyncio.sleep(0)
+    status, _, body = await _answer(r)
+    assert status == 200 and body.startswith(b'{"n":3,')
+
+
 async def test_a_chunked_request_body_is_read_whole_however_it_is_split(server: tuple[Server, Open]) -> None:
     _, open_ = server
     raw = b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n"
