@@ -65,7 +65,9 @@ class Request:
         self._query = query
         self.headers = headers
         self._conn = conn
-        self._body: list[bytes] = []
+        # One read's bytes as they came; from the second read on, one growing buffer (a body
+        # sent in many small reads holds its bytes, not an object per read).
+        self._body: bytes | bytearray = b""
         self._size = 0
         self.complete = False
         self._ready: asyncio.Future[None] | None = None
@@ -82,15 +84,21 @@ class Request:
             await self._ready
         if self.failed is not None:
             raise self.failed
-        return self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        return bytes(self._body) if isinstance(self._body, bytearray) else self._body
 
     def _feed(self, data: bytes) -> None:
         self._size += len(data)
         if self._size > self._conn.server.max_body:
             self._fail(_too_big(self._conn.server.max_body))
             return
-        if data:
-            self._body.append(data)
+        if not data:
+            return
+        if not self._body:
+            self._body = data
+        elif isinstance(self._body, bytearray):
+            self._body += data
+        else:
+            self._body = bytearray(self._body) + data
 
     def _done(self) -> None:
         self.complete = True
