@@ -26,7 +26,7 @@ from .discovery import Discovery, Pool
 from .endpoints import Endpoint
 from .entries import Captured, Entry
 from .filters import StreamFilter, filter_response, well_formed_kv
-from .front import Answer, Request, Routes, Server, Stream, json_answer
+from .front import Answer, Request, Routes, Server, Stream, error_body, json_answer
 from .ids import IdText, of_list
 from .metrics import Metrics
 from .policy import Outcome, engines, retry, reuse, shapes
@@ -415,7 +415,7 @@ class Router:
                 # The status line has left: say so in the stream, as vLLM does for an error after
                 # the first chunk, and no [DONE], so no client takes the cut answer for a whole one.
                 what = "timed out (upstreamTimeoutSeconds)" if isinstance(exc, TimeoutError) else "broke off"
-                err = _error_body(502, f"the decode engine's stream {what}", ask.request_id)
+                err = error_body(502, f"the decode engine's stream {what}", ask.request_id)
                 out.write(b"data: " + orjson.dumps(err) + b"\n\n")  # whole lines only were written
                 out.end()
                 return out
@@ -443,7 +443,7 @@ class Router:
             out.write(block)
         what = "a line above the size limit" if filt.oversized else why
         log.warning("[%s] decode's stream was malformed: %s", ask.request_id, what)
-        err = _error_body(502, f"the decode engine's stream was malformed: {what}", ask.request_id)
+        err = error_body(502, f"the decode engine's stream was malformed: {what}", ask.request_id)
         out.write(b"data: " + orjson.dumps(err) + b"\n\n")
         out.end()
         return out
@@ -559,12 +559,8 @@ def _log_hop(what: str, ep: Endpoint, kv: Any) -> None:
         log.debug("%s %s kv_transfer_params=%s", what, ep.url, orjson.dumps(kv).decode())
 
 
-def _error_body(status: int, message: str, request_id: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": "pdx_router_error", "code": status, "request_id": request_id}}
-
-
 def _error(status: int, message: str, request_id: str, close: bool = False) -> Answer:
-    body = orjson.dumps(_error_body(status, message, request_id))
+    body = orjson.dumps(error_body(status, message, request_id))
     return Answer(status, body, headers={"X-Request-ID": request_id}, close=close)
 
 
