@@ -236,13 +236,17 @@ class _Conn(asyncio.Protocol):
     def __init__(self, server: Server) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
-        self._buf = bytearray()  # what came of the next request's head (appended: a head sent
-        self._scanned = 0  # a byte at a time costs linear time, and is searched once)
+        # What came of the next request's head: one read's bytes as they came, else one growing
+        # buffer searched from where the last search stopped (a head sent a byte at a time costs
+        # linear time, not quadratic).
+        self._buf: bytes | bytearray = b""
+        self._scanned = 0
         self._line_seen = False  # the request line has ended (its length is within MAX_LINE)
         self._request: Request | None = None  # the request being served
         self._body: Chunked | int | None = None  # what of its body is still to come
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_idle = False  # the running timer is the keep-alive's, not the header timeout
         self._paused_reading = False
         self._drain: asyncio.Future[None] | None = None
         self._write_paused = False
@@ -272,7 +276,13 @@ class _Conn(asyncio.Protocol):
             data = self._feed_body(data)
             if self._request is None or not data:
                 return
-        self._buf += data
+        buf = self._buf
+        if not buf:
+            self._buf = data
+        elif isinstance(buf, bytearray):
+            buf += data
+        else:
+            self._buf = bytearray(buf) + data
         if self._task is not None:  # a request is being answered: the next one waits
             if len(self._buf) > READ_AHEAD and not self._paused_reading:
                 self._paused_reading = True
@@ -327,8 +337,8 @@ class _Conn(asyncio.Protocol):
         """Start the next request whose head has come whole (if any)."""
         assert self.transport is not None
         buf = self._buf
-        if not self._scanned and buf[:1] in (bytearray(b"\r"), bytearray(b"\n")):
-            del buf[: len(buf) - len(buf.lstrip(b"\r\n"))]  # empty lines before a request line are ignored (RFC 9112)
+        if not self._scanned and buf[:1] in (b"\r", b"\n"):
+            buf = self._buf = buf.lstrip(b"\r\n")  # empty lines before a request line are ignored (RFC 9112)
         if not buf:
             return
         if self._timer is None or self._timer_idle:
@@ -343,8 +353,9 @@ class _Conn(asyncio.Protocol):
                     self._refuse(Refused(431, f"a request or header line is above {MAX_LINE} bytes"))
                 self._line_seen = True
             return
-        head, rest = bytes(buf[:end]), bytes(buf[end + 4 :])
-        self._buf, self._scanned, self._line_seen = bytearray(), 0, False
+        with memoryview(buf) as view:  # one copy of each part, whichever type buf is
+            head, rest = bytes(view[:end]), bytes(view[end + 4 :])
+        self._buf, self._scanned, self._line_seen = b"", 0, False
         try:
             req, body = self._parse(head)
         except Refused as exc:
@@ -509,15 +520,13 @@ class _Conn(asyncio.Protocol):
         self._disarm()
         self.server.metrics.request(None, exc.status)
         self.keep_alive = False
-        body = orjson.dumps(_error_body(exc.status, exc.message))
+        body = orjson.dumps(error_body(exc.status, exc.message))
         framing = f"Content-Length: {len(body)}\r\nConnection: close"
         head = self.head(exc.status, {"Content-Type": "application/json"}, framing)
         self.transport.write(head + body)
         self.transport.close()
 
     # ------------------------------------------------------------ timers
-
-    _timer_idle = False
 
     def _arm(self, seconds: float, then: Callable[[], None], idle: bool = False) -> None:
         self._disarm()
@@ -568,7 +577,8 @@ def _reason(status: int) -> str:
         return "Unknown"
 
 
-def _error_body(status: int, message: str, request_id: str | None = None) -> dict[str, object]:
+def error_body(status: int, message: str, request_id: str | None = None) -> dict[str, object]:
+    """The one shape of every error the router answers with, the server's own and the handlers'."""
     err: dict[str, object] = {"message": message, "type": "pdx_router_error", "code": status}
     if request_id is not None:
         err["request_id"] = request_id
@@ -576,4 +586,4 @@ def _error_body(status: int, message: str, request_id: str | None = None) -> dic
 
 
 def _error_answer(status: int, message: str, close: bool = False) -> Answer:
-    return Answer(status, orjson.dumps(_error_body(status, message)), close=close)
+    return Answer(status, orjson.dumps(error_body(status, message)), close=close)
