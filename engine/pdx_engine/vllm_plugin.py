@@ -8,23 +8,20 @@ the chat and completion stream generators: it watches the engine outputs they co
 the finished request's ``kv_transfer_params`` to the chunk that carries ``finish_reason``.
 Where the field exists it does nothing.
 
-vLLM loads general plugins in every process (API server, engine core, workers). Importing
-the OpenAI serving modules in the engine processes would be wasteful, so the patch is applied
-when those modules are imported (or at once if they already are).
+The patch is applied when the OpenAI serving modules are imported (`import_hook`).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import inspect
 import json
 import logging
-import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from types import ModuleType
 from typing import Any
+
+from pdx_engine.import_hook import on_import
 
 # Under "vllm." so that vLLM's own logging configuration prints it.
 logger = logging.getLogger("vllm.pdx_plugin")
@@ -123,37 +120,7 @@ def patch_module(module: ModuleType) -> bool:
     return True
 
 
-def _patching(exec_module: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
-    def exec_and_patch(module: ModuleType) -> None:
-        exec_module(module)
-        patch_module(module)
-
-    return exec_and_patch
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Finds the target modules through the other finders and patches them once executed."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in _TARGETS:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec: importlib.machinery.ModuleSpec | None = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader.exec_module = _patching(spec.loader.exec_module)  # type: ignore[method-assign,assignment]
-                return spec
-        return None
-
-
 def register() -> None:
     """Entry point of the ``vllm.general_plugins`` group; safe to call repeatedly."""
     for name in _TARGETS:
-        module = sys.modules.get(name)
-        if module is not None:
-            patch_module(module)
-    if not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImport())
+        on_import(name, patch_module)
