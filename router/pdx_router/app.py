@@ -18,6 +18,7 @@ import orjson
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from pdx_contract import kv_prefix
 from pdx_contract.stats import Holding
 
 from .chat_tokens import ChatTokenizer, TextPrefix
@@ -223,6 +224,8 @@ class Router:
         blocked = reuse.check_entry(entry, now, self.pool.endpoints, gen)
         if blocked is not None or entry is None:
             return reuse.no_reuse(entry, blocked or Outcome.MISS)
+        if entry.held_by_engines:
+            return reuse.plan_checked_by_engines(entry)
         prompt = await self._prompt_ids(ask, entry, prefill)
         return reuse.plan_turn(entry, prompt, self.cfg.kv_recompute_threshold)
 
@@ -284,9 +287,12 @@ class Router:
                     raise
                 attempt = again.attempt
                 continue
+            attempt = retry.after_prefill(attempt, pkv if isinstance(pkv, dict) else None)
             done = Prefilled(attempt, (time.perf_counter() - t0) * 1000, started)
             self.metrics.prefill.observe(done.prefill_ms / 1000)
-            dbody = shapes.decode_request(ask, pkv if isinstance(pkv, dict) else None, attempt.compared_ids)
+            dbody = shapes.decode_request(
+                ask, pkv if isinstance(pkv, dict) else None, attempt.compared_ids, decode.names_held
+            )
             _log_hop("to decode", decode, dbody.get("kv_transfer_params"))
             try:
                 return await self._decode(req, ask, done, decode, dbody)
@@ -475,6 +481,8 @@ class Router:
         _log_hop("from decode", decode, cap.kv)
         if ask.key is None or not ask.capture:
             return
+        if cap.kv is not None:  # whether to ask this decode for token ids next time
+            decode.names_held = kv_prefix.HELD in cap.kv
         plan = done.attempt.plan
         kept = reuse.after_turn(cap, done.attempt.compared_ids, decode, time.time(), self.cfg.conversation_ttl_seconds)
         if kept.mismatch:

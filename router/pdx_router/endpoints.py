@@ -22,3 +22,4 @@ class Endpoint:
     outstanding: int = 0
     block_size: int | None = None
     draining: bool = False  # decodes nothing; its entries are still read (see PublishedEndpoint)
+    names_held: bool = False  # a decode whose last answer named the tokens it holds (kv_prefix)

@@ -10,6 +10,8 @@ from typing import Any
 
 import orjson
 
+from pdx_contract import kv_prefix
+
 from . import ids
 from .chat_tokens import TextPrefix
 from .ids import IdText
@@ -44,7 +46,8 @@ class Entry:
 
     token_ids are exactly the tokens whose KV decode holds (cut to remote_num_tokens), so the
     next turn can be compared token by token; they are their canonical text (`ids`), and a
-    sequence of ints given instead is turned into it. Times are epoch seconds so that several
+    sequence of ints given instead is turned into it. They are empty when the engines check
+    the prefix themselves (held_by_engines). Times are epoch seconds so that several
     router replicas sharing Redis agree on them.
     """
 
@@ -64,8 +67,15 @@ class Entry:
             object.__setattr__(self, "token_ids", ids.of_list(given))
 
     @property
+    def held_by_engines(self) -> bool:
+        """Decode named the tokens it holds (`pdx_contract.kv_prefix`): prefill checks the
+        prompt against them, and the entry holds no ids of its own."""
+        return kv_prefix.HELD in self.kv
+
+    @property
     def num_tokens(self) -> int:
-        n = self.kv.get("remote_num_tokens")
+        held = self.kv.get(kv_prefix.HELD)
+        n = held.get("numTokens") if isinstance(held, dict) else self.kv.get("remote_num_tokens")
         return n if isinstance(n, int) else 0
 
     def nbytes(self) -> int:

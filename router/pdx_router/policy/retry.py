@@ -7,13 +7,13 @@ A 5xx the engine answered to the request itself (no reuse involved) reaches the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
 from ..ids import IdText
 from . import Outcome
-from .reuse import TurnPlan
+from .reuse import TurnPlan, checked_outcome
 
 
 class Hop(StrEnum):
@@ -30,6 +30,7 @@ class Attempt:
     reuse: bool  # prefill reads decode's blocks on this try
     affinity: str | None  # the decode to prefer: the one that held the entry
     retried: bool = False  # the turn's second and last try
+    tokens: int | None = None  # what prefill reported reading, when the engines check the prefix
 
     @property
     def kv(self) -> dict[str, Any] | None:
@@ -43,7 +44,17 @@ class Attempt:
 
     @property
     def reused_tokens(self) -> int:
-        return self.plan.reused_tokens if self.reuse else 0
+        if not self.reuse:
+            return 0
+        return self.plan.reused_tokens if self.tokens is None else self.tokens
+
+
+def after_prefill(attempt: Attempt, prefill_kv: dict[str, Any] | None) -> Attempt:
+    """A try whose prefill checked the prefix itself takes prefill's word for what it read."""
+    if not (attempt.reuse and attempt.plan.checked_by_engines):
+        return attempt
+    outcome, tokens = checked_outcome(prefill_kv)
+    return replace(attempt, outcome=outcome, reuse=outcome is Outcome.HIT, tokens=tokens)
 
 
 def first_attempt(plan: TurnPlan) -> Attempt:

@@ -3,6 +3,8 @@ kept for the conversation's next turn.
 
 Reuse is only correct up to the longest common token prefix of what decode holds and the new
 prompt, so every decision here is made on token ids and never guesses one it cannot name.
+Engines with the pdx plugin make that check themselves (`pdx_contract.kv_prefix`): then the
+router keeps decode's parameters as they came and reads the outcome from prefill's answer.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from enum import StrEnum
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
+
+from pdx_contract import kv_prefix
 
 from .. import ids
 from ..endpoints import Endpoint
@@ -118,6 +123,7 @@ class TurnPlan:
     local_ids: bool = False  # ...and they came from the router's own tokenizer
     text: str | None = None  # the chat prompt as the router's tokenizer rendered it
     affinity: str | None = None  # the decode that held the conversation's entry
+    checked_by_engines: bool = False  # prefill checks the prefix; reused_tokens is at most this
 
 
 NO_CONVERSATION = TurnPlan(Outcome.NONE)
@@ -126,6 +132,15 @@ NO_CONVERSATION = TurnPlan(Outcome.NONE)
 def no_reuse(entry: Entry | None, outcome: Outcome) -> TurnPlan:
     """A turn whose entry was not worth a prefix check (check_entry's outcome)."""
     return TurnPlan(outcome, affinity=entry.decode_url if entry is not None else None)
+
+
+def plan_checked_by_engines(entry: Entry) -> TurnPlan:
+    """A live entry whose decode named what it holds: prefill checks the prompt against it, so
+    the router sends decode's parameters as they came and learns the outcome from prefill."""
+    kv = orjson.loads(orjson.dumps(entry.kv))  # a copy: the entry stays intact
+    kv["do_remote_decode"] = True
+    kv["do_remote_prefill"] = False
+    return TurnPlan(Outcome.HIT, entry.num_tokens, kv, affinity=entry.decode_url, checked_by_engines=True)
 
 
 def plan_turn(entry: Entry, prompt: PromptIds, threshold: int) -> TurnPlan:
@@ -165,6 +180,28 @@ def prompt_ids_agree(compared: IdText | None, used: IdText | None) -> bool:
     """Did the engine run the prompt the prefix check was made on? Unknown counts as yes:
     there is nothing to hold against the turn (decode's ids were not asked for)."""
     return compared is None or used is None or compared == used
+
+
+def make_held_entry(decode_kv: dict[str, Any], decode: Endpoint, now: float, ttl_seconds: float) -> Entry | None:
+    """The entry of a turn whose decode named the tokens it holds: its parameters as they came
+    (the engines check the next prompt against them), or None if they are not well formed."""
+    try:
+        held = kv_prefix.HeldPrefix.model_validate(decode_kv[kv_prefix.HELD])
+    except ValidationError:
+        return None
+    if held.chain() is None or not decode_kv.get("remote_block_ids"):
+        return None
+    if decode_kv.get("remote_blocks_expiry_time") is None:
+        return None  # bidirectional off on decode: it does not keep the blocks
+    return Entry(
+        kv=dict(decode_kv),
+        token_ids=IdText(b""),
+        decode_url=decode.url,
+        generation=decode.generation,
+        stored_at=now,
+        deadline=now + ttl_seconds,
+        block_size=held.block_size,
+    )
 
 
 def make_entry(
@@ -210,6 +247,17 @@ class Kept:
     mismatch: bool = False  # decode ran other ids than the plan compared: nothing is kept
 
 
+def checked_outcome(prefill_kv: dict[str, Any] | None) -> tuple[Outcome, int]:
+    """What prefill's check found, from its answer. A prefill that reports nothing did not
+    check, so it read nothing (decode hides its count from such a prefill)."""
+    raw = prefill_kv.get(kv_prefix.VERDICT) if prefill_kv is not None else None
+    try:
+        found = kv_prefix.Verdict.model_validate(raw)
+    except ValidationError:
+        return Outcome.PREFIX_MISMATCH, 0
+    return Outcome(found.outcome), found.tokens
+
+
 def after_turn(
     captured: Captured, compared_ids: IdText | None, decode: Endpoint, now: float, ttl_seconds: float
 ) -> Kept:
@@ -218,6 +266,8 @@ def after_turn(
     keeps nothing, so the conversation's next turn cannot build on it."""
     if captured.choices > 1:
         return Kept(None)  # several answers: no single history to continue
+    if captured.kv is not None and kv_prefix.HELD in captured.kv:
+        return Kept(make_held_entry(captured.kv, decode, now, ttl_seconds))
     prompt = captured.prompt(compared_ids)
     if not prompt_ids_agree(compared_ids, prompt):
         return Kept(None, mismatch=True)

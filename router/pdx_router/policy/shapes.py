@@ -275,11 +275,13 @@ def decode_body(body: dict[str, Any], prefill_kv: dict[str, Any] | None, want_to
 
 
 def decode_request(
-    req: ClientRequest, prefill_kv: dict[str, Any] | None, compared_ids: IdText | None
+    req: ClientRequest, prefill_kv: dict[str, Any] | None, compared_ids: IdText | None, names_held: bool = False
 ) -> dict[str, Any]:
     """The decode hop's body; a reused completions turn (compared_ids set) runs the exact ids
-    its prefill computed. A chat is left for decode to render (see pin_completion_prompt)."""
-    out = decode_body(req.body, prefill_kv, want_token_ids=req.capture)
+    its prefill computed. A chat is left for decode to render (see pin_completion_prompt).
+    A decode that names the tokens it holds (`names_held`) is not asked for ids: the engines
+    check the next prompt themselves."""
+    out = decode_body(req.body, prefill_kv, want_token_ids=req.capture and not names_held)
     if compared_ids is not None and not req.is_chat:
         out = pin_completion_prompt(out, compared_ids)
     return out

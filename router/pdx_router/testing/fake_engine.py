@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from pdx_contract import kv_prefix
 from pdx_router.chat_tokens import ChatTokenizer
 
 EOS = 2
@@ -161,6 +162,10 @@ class EngineOptions:
     api_key: str | None = None
     # Answer completions with this status and an error naming the engine's internals.
     fail_status: int | None = None
+    # As the pdx engine plugin: decode names the tokens it holds, prefill checks a prompt
+    # against them before it reads (pdx_contract.kv_prefix).
+    checks_prefix: bool = False
+    kv_recompute_threshold: int = 64
 
 
 class FakeEngine:
@@ -290,6 +295,9 @@ class FakeEngine:
     async def _prefill(self, body: dict[str, Any], chat: bool) -> web.Response:
         kv = dict(body.get("kv_transfer_params") or {})
         prompt = await self.prompt_ids(body, chat)
+        verdict = None
+        if self.opts.checks_prefix:
+            verdict = kv_prefix.check_params(kv, prompt, self.opts.kv_recompute_threshold)
         read = self.check_read(kv, prompt)
         if read is not None:
             self.cluster.reads.append(read)
@@ -313,6 +321,8 @@ class FakeEngine:
             "transfer_mode": "pull",
             "remote_prefill_cached_tokens": read.tokens if read and read.correct else 0,
         }
+        if verdict is not None:
+            out_kv[kv_prefix.VERDICT] = verdict.to_json()
         if self.opts.malform is not None:
             return self.malformed(self._full(rid, body, chat, prompt, [101], out_kv, "length"))
         return self.json_response(self._full(rid, body, chat, prompt, [101], out_kv, "length"))
@@ -401,8 +411,9 @@ class FakeEngine:
         n = len(prompt) + len(out) - 1
         blocks = self._blocks_for(n)
         expiry = time.perf_counter() + self.opts.decode_ttl
-        self.cluster.held[(self.opts.engine_id, rid)] = Held([*prompt, *out][:n], blocks, expiry)
-        return {
+        held = [*prompt, *out][:n]
+        self.cluster.held[(self.opts.engine_id, rid)] = Held(held, blocks, expiry)
+        kv = {
             "do_remote_prefill": False,
             "do_remote_decode": True,
             "remote_block_ids": [blocks],
@@ -417,6 +428,9 @@ class FakeEngine:
             "remote_blocks_expiry_time": expiry,
             "transfer_mode": "pull",
         }
+        if self.opts.checks_prefix:
+            kv_prefix.hold_params(kv, held, self.cluster.block_size)
+        return kv
 
     async def _decode(self, req: web.Request, body: dict[str, Any], chat: bool) -> web.StreamResponse:
         prompt = await self.prompt_ids(body, chat)
@@ -534,6 +548,7 @@ async def _serve_pair(args: Any) -> None:
         "output_tokens": args.output_tokens,
         "prefill_delay": args.prefill_delay,
         "record": False,
+        "checks_prefix": args.checks_prefix,
     }
     await start_engine(cluster, EngineOptions("prefill", "prefill-0", **common), port=args.prefill_port)
     await start_engine(cluster, EngineOptions("decode", "decode-0", **common), port=args.decode_port)
@@ -553,6 +568,7 @@ def main() -> None:
     p.add_argument("--token-delay", type=float, default=0.002)
     p.add_argument("--output-tokens", type=int, default=16)
     p.add_argument("--tokenizer", help="model directory whose tokenizer and chat template to use")
+    p.add_argument("--checks-prefix", action="store_true", help="as the pdx engine plugin (kv_prefix)")
     try:
         import uvloop
 
