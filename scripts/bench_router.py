@@ -317,6 +317,7 @@ class Target:
     name: str
     turn: Turn
     pid: int | None = None  # whose CPU is the row's (None: direct, the client itself)
+    fakes: tuple[int, int, int] = (0, 0, 0)  # the fake engines it talks to: pid, prefill and decode ports
     reuse: bool = False  # send conversation ids (only pdx-router reuses across turns)
     idle: float = 0.0  # CPU seconds per second when idle (health checks, polling)
     skipped: str = ""  # why the row has no figures
@@ -339,50 +340,55 @@ async def main_async(args: argparse.Namespace) -> None:
         procs.append(subprocess.Popen(cmd, env=env, **{"stdout": subprocess.DEVNULL, **kw}))
         return procs[-1].pid
 
+    pp2, dp2 = free_port(), free_port()
     P, D = f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}"
+
+    def spawn_fakes(prefill: int, decode: int, *extra: str) -> tuple[int, int, int]:
+        cmd = [PY, "-m", "pdx_router.testing.fake_engine", "--prefill-port", str(prefill)]
+        cmd += ["--decode-port", str(decode), "--prefill-delay", str(args.prefill_ms / 1000)]
+        return spawn([*cmd, "--output-tokens", str(OUTPUT_TOKENS), "--tokenizer", model, *extra]), prefill, decode
+
     try:
-        engines_pid = spawn(
-            [
-                PY,
-                "-m",
-                "pdx_router.testing.fake_engine",
-                "--prefill-port",
-                str(pp),
-                "--decode-port",
-                str(dp),
-                "--prefill-delay",
-                str(args.prefill_ms / 1000),
-                "--output-tokens",
-                str(OUTPUT_TOKENS),
-                "--tokenizer",
-                model,
-            ]
-        )
-        targets: list[Target] = [Target("direct", direct(P, D))]
+        # pdx's engines check reused KV themselves (the engine plugin, emulated); the second
+        # pair are engines without it, where the router checks the prefix on the prompt's ids.
+        checked = spawn_fakes(pp, dp, "--checks-prefix")
+        unchecked = spawn_fakes(pp2, dp2)
+        targets: list[Target] = [Target("direct", direct(P, D), fakes=checked)]
         starting: list[tuple[Target, Awaitable[None]]] = []
 
-        def pdx(name: str, cmd_env: dict[str, str], *extra: str, profile: str | None = None) -> None:
+        def pdx(
+            name: str,
+            cmd_env: dict[str, str],
+            *extra: str,
+            on: tuple[int, int, int] = checked,
+            profile: str | None = None,
+        ) -> None:
             port = free_port()
-            pid = spawn(router_cmd(port, pp, dp, *extra, profile=profile), env=cmd_env)
+            pid = spawn(router_cmd(port, on[1], on[2], *extra, profile=profile), env=cmd_env)
             url = f"http://127.0.0.1:{port}"
-            plain, reuse = Target(name, via_proxy(url), pid), Target(name + "-reuse", via_proxy(url), pid, True)
-            targets.extend([plain, reuse])
+            plain = Target(name, via_proxy(url), pid, on)
+            targets.extend([plain, Target(name + "-reuse", via_proxy(url), pid, on, True)])
             starting.append((plain, wait_http(url + "/ready")))
 
         if args.baseline_src:
-            # Another revision's router, from its source tree, beside this one in the same run.
+            # Another revision's router, from its source tree, beside this one in the same run
+            # (on the engines without the check: a router before it would not reuse on the others).
             src = Path(args.baseline_src).resolve()
             base_env = {**env, "PYTHONPATH": os.pathsep.join(str(src / d) for d in ("router", "contract"))}
-            pdx("pdx@base", base_env)
+            pdx("pdx@base", base_env, on=unchecked)
         pdx("pdx", env, profile=args.profile)
+        # The same router where it checks the prefix itself: on /tokenize's ids, and on its own
+        # tokenizer's; their plain rows are pdx's (only the reuse path differs).
+        pdx("pdx/tok", env, on=unchecked)
+        targets.pop(-2)
         if args.tokenizer_row:
-            pdx("pdx+tok", env, "--tokenizer", model)
-            targets.pop(-2)  # its plain row is pdx's: only the reuse path uses the tokenizer
+            pdx("pdx+tok", env, "--tokenizer", model, on=unchecked)
+            targets.pop(-2)
 
         bin_dir, why = peers_bin(Path(args.peers_venv))
         for name in ("vllm-router", "smg"):
             if bin_dir is None:
-                targets.append(Target(name, direct(P, D), skipped=why))
+                targets.append(Target(name, direct(P, D), fakes=checked, skipped=why))
                 continue
             port, mport = free_port(), free_port()
             common = ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1"]
@@ -392,7 +398,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 cmd += ["--prefill-policy", "round_robin", "--decode-policy", "round_robin"]
             else:
                 cmd = [str(bin_dir / "smg"), "launch", "--pd-disaggregation", *common, "--policy", "round_robin"]
-            t = Target(name, via_proxy(f"http://127.0.0.1:{port}"), spawn(cmd, **quiet))
+            t = Target(name, via_proxy(f"http://127.0.0.1:{port}"), spawn(cmd, **quiet), checked)
             targets.append(t)
             url = f"http://127.0.0.1:{port}"
 
@@ -405,16 +411,17 @@ async def main_async(args: argparse.Namespace) -> None:
 
         path, why = get_upstream_proxy(args.upstream_proxy)
         if path is None:
-            targets.append(Target("vllm-example", direct(P, D), skipped=why))
+            targets.append(Target("vllm-example", direct(P, D), fakes=checked, skipped=why))
         else:
             port = free_port()
             cmd = [PY, str(path), "--host", "127.0.0.1", "--port", str(port), "--prefiller-host", "127.0.0.1"]
             cmd += ["--prefiller-port", str(pp), "--decoder-host", "127.0.0.1", "--decoder-port", str(dp)]
-            t = Target("vllm-example", via_proxy(f"http://127.0.0.1:{port}"), spawn(cmd, **quiet))
+            t = Target("vllm-example", via_proxy(f"http://127.0.0.1:{port}"), spawn(cmd, **quiet), checked)
             targets.append(t)
             starting.append((t, wait_http(f"http://127.0.0.1:{port}/health")))
 
         await wait_http(P + "/health")
+        await wait_http(f"http://127.0.0.1:{pp2}/health")
         for t, ready in starting:
             try:
                 await ready
@@ -454,13 +461,14 @@ async def main_async(args: argparse.Namespace) -> None:
                 for t in targets:
                     if t.skipped or (args.only and t.name not in args.only and t.name != "direct"):
                         continue
+                    engines_pid, lag_port, _ = t.fakes
                     async with aiohttp.ClientSession() as s:
-                        await fake_lag(s, pp)  # reset
+                        await fake_lag(s, lag_port)  # reset
                         c0, e0, w0 = tree_cpu(t.pid) if t.pid else 0.0, tree_cpu(engines_pid), time.perf_counter()
                         s0 = tree_cpu(t.pid, system_only=True) if t.pid else 0.0
                         ttfts, chunks, rps = await run(t.turn, conc, args.turns, f"{t.name}{rep}-{conc}", t.reuse)
                         wall = time.perf_counter() - w0
-                        lag = await fake_lag(s, pp)
+                        lag = await fake_lag(s, lag_port)
                     fakes = (tree_cpu(engines_pid) - e0) / wall
                     p50, p99 = pct(ttfts, 0.5), pct(ttfts, 0.99)
                     if base is None:
