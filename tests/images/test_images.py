@@ -140,6 +140,14 @@ def test_serving_image_installs_the_versions_and_efa_userspace_the_issue_asks_fo
     assert "libplugin_LIBFABRIC" in text and "libfabric\\.so\\.1 => /opt/amazon/efa/lib/" in text
 
 
+def test_serving_image_carries_the_engine_plugins_so_reused_kv_is_checked_in_the_engines() -> None:
+    text = _dockerfile("vllm-efa")
+    assert "RUN pip install --no-cache-dir --no-deps /tmp/pdx" in text
+    assert "'pdx_prefix_check' in" in text  # the build fails if the entry point is missing
+    for part in ("pyproject.toml", "contract", "engine"):
+        assert f"COPY {part} /tmp/pdx/{part}" in text
+
+
 def test_serving_image_entrypoint_is_the_one_the_renderer_runs() -> None:
     text = _dockerfile("vllm-efa")
     assert f"images/vllm-efa/pdx-engine-entrypoint.sh {ENGINE_ENTRYPOINT}" in text
