@@ -137,9 +137,8 @@ def no_reuse(entry: Entry | None, outcome: Outcome) -> TurnPlan:
 def plan_checked_by_engines(entry: Entry) -> TurnPlan:
     """A live entry whose decode named what it holds: prefill checks the prompt against it, so
     the router sends decode's parameters as they came and learns the outcome from prefill."""
-    kv = orjson.loads(orjson.dumps(entry.kv))  # a copy: the entry stays intact
-    kv["do_remote_decode"] = True
-    kv["do_remote_prefill"] = False
+    # Only these two keys change, so a shallow copy keeps the entry intact.
+    kv = {**entry.kv, "do_remote_decode": True, "do_remote_prefill": False}
     return TurnPlan(Outcome.HIT, entry.num_tokens, kv, affinity=entry.decode_url, checked_by_engines=True)
 
 
@@ -184,12 +183,13 @@ def prompt_ids_agree(compared: IdText | None, used: IdText | None) -> bool:
 
 def make_held_entry(decode_kv: dict[str, Any], decode: Endpoint, now: float, ttl_seconds: float) -> Entry | None:
     """The entry of a turn whose decode named the tokens it holds: its parameters as they came
-    (the engines check the next prompt against them), or None if they are not well formed."""
+    (the engines check the next prompt against them), or None if they are not well formed.
+    The digests are prefill's to read: one it cannot read means no reuse, never wrong KV."""
     try:
         held = kv_prefix.HeldPrefix.model_validate(decode_kv[kv_prefix.HELD])
     except ValidationError:
         return None
-    if held.chain() is None or not decode_kv.get("remote_block_ids"):
+    if not decode_kv.get("remote_block_ids"):
         return None
     if decode_kv.get("remote_blocks_expiry_time") is None:
         return None  # bidirectional off on decode: it does not keep the blocks
