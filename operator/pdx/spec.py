@@ -348,7 +348,9 @@ class RouterSpec(_Spec):
     tokenizer: Literal["engine", "router"] = "engine"
     """Who tokenizes a reused chat turn for the prefix check: `engine` (a /tokenize call to prefill)
     or `router` (the model's own tokenizer, read from `model.name` on the model cache PVC, mounted
-    read-only; used once it has matched the engine on 8 prompts, and given up on any mismatch)."""
+    read-only; used once it has matched the engine on 8 prompts, and given up on any mismatch).
+    Only for engines that do not check the prefix themselves: with pdx's engine plugin (in the
+    serving image and `pdx local`) neither is asked, the engines compare the tokens."""
     resources: Resources = Field(default_factory=lambda: Resources(cpu="1"))
     """Router resources. Unset memory is derived from the entry store's bound: store.maxBytes x
     1.5 + 256Mi for store kind memory (1Gi for the default 512Mi), 256Mi for redis."""
