@@ -2,15 +2,17 @@
 """pdx-router's cost beside the routers a platform team would otherwise pick, in one run.
 
 Rows: "direct" (the client does both P/D hops itself: the floor), pdx-router plain (no
-conversation id) and with multi-turn reuse ("pdx-reuse"), vllm-router and smg (the Rust P/D
-routers, PyPI), and vLLM's example proxy. Same fake engines (fixed delays, real protocol
-payloads, a real word-level `tokenizers` tokenizer with a ChatML template, built here), same
-load generator: agent-shaped conversations whose history grows from 2-6k to about 8k tokens,
-48 streamed tokens a turn, in lockstep at each concurrency.
+conversation id) and with multi-turn reuse ("pdx-reuse", on engines that check the prefix as
+the pdx engine plugin does), the same router checking the prefix itself on engines without the
+plugin ("pdx/tok-reuse": /tokenize's ids; "pdx+tok-reuse": its own tokenizer's), vllm-router
+and smg (the Rust P/D routers, PyPI), and vLLM's example proxy. Same fake engines (fixed
+delays, real protocol payloads, a real word-level `tokenizers` tokenizer with a ChatML
+template, built here), same load generator: agent-shaped conversations whose history grows
+from 2-6k to about 8k tokens, 48 streamed tokens a turn, in lockstep at each concurrency.
 
 Per row: TTFT p50/p99 and what the router adds to direct's, req/s, the router's CPU per
-request (its process tree's threads' run time from schedstat, minus its own idle cost measured before the load),
-CPU per relayed SSE chunk, and the fakes' CPU share and event-loop lag (if the lag grows, the
+request (its process tree's threads' run time from schedstat, minus its own idle cost measured
+before the load), CPU per relayed SSE chunk, and the fakes' CPU share and event-loop lag (if the lag grows, the
 fakes are the bottleneck, not the router).
 
 The peers are installed at run time into their own venv (--peers-venv, default
@@ -469,7 +471,8 @@ async def main_async(args: argparse.Namespace) -> None:
         for t in targets:
             t.idle = idle.get(t.pid or 0, 0.0)
         print(
-            f"fake engines (one process): prefill {args.prefill_ms:g} ms, decode 5 ms to first token, "
+            "fake engines (two pairs, a process each; one checks the prefix as the pdx plugin does): "
+            f"prefill {args.prefill_ms:g} ms, decode 5 ms to first token, "
             f"2 ms/token, {OUTPUT_TOKENS} tokens; histories of 2-6k tokens growing to ~8k; "
             f"{args.turns} streamed turns per conversation"
             + (f", mean think time {THINK_MS:g} ms" if THINK_MS else ", no think time (lockstep)")
