@@ -46,7 +46,7 @@ import click
 import kopf
 
 from pdx import kinds, labels, rules
-from pdx.controller import metrics
+from pdx.controller import collector, metrics
 from pdx.controller.bookkeeping import MemoryDiffBaseStorage, MemoryProgressStorage
 from pdx.controller.feed import Feeds, Notify
 from pdx.controller.kube import ApiError, EventSource, Kube, make_api_client
@@ -342,6 +342,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     global _worker
     _worker = _make_worker(memo, kw[_CR_INDEX])
     _worker.start()
+    collector.tune()  # the state is a large long-lived heap: no full collections by count
+    memo.collecting = asyncio.get_running_loop().create_task(collector.collect_periodically(), name="pdx-gc")
 
 
 def _make_worker(memo: Any, cr_index: Any) -> Worker:
@@ -397,6 +399,9 @@ async def stop_pool(memo: kopf.Memo, **_: Any) -> None:
     if _worker is not None:
         await _worker.stop()
         _worker = None
+    collecting: asyncio.Task[None] | None = getattr(memo, "collecting", None)
+    if collecting is not None:
+        collecting.cancel()
     pool: ThreadPoolExecutor | None = getattr(memo, "pool", None)
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)
