@@ -13,18 +13,19 @@ acts only on complete state. A pass with nothing to do sends no request, and one
 snapshot is the same as that of the last pass that found nothing to do is skipped without
 rendering.
 
-Triggers: create/update/resume of a DisaggregatedInference, a periodic pass (drift repair
-of any child kind, router reuse counters; from the same state, so a safety net, not a
-re-read), and events of the StatefulSets and Deployments the operator owns (a deleted or
-hand-edited engine set comes back at once; pod readiness reaches the router's endpoints
-file through the sets' status): the feed wakes the resource's daemon, which also runs the
-periodic pass and which kopf stops while peering pauses this replica, so a standby acts on
-nothing. Passes for one resource
-never overlap: a trigger arriving while a pass runs marks the resource dirty and the running
-pass goes once more (from a new snapshot), so bursts of child events collapse into one or
-two passes. Passes of different resources run in parallel on a pool of PDX_WORKERS threads
-(the bound). The watch echo of the operator's own apply (same resourceVersion as the apply's
-answer) triggers nothing: the pass that wrote it already saw that state.
+Triggers: create/update/resume of a DisaggregatedInference, a periodic pass (drift repair of
+any child kind, router reuse counters; from the same state, so a safety net, not a re-read),
+and events of the StatefulSets and Deployments the operator owns (a deleted or hand-edited
+engine set comes back at once; pod readiness reaches the router's endpoints file through the
+sets' status): the feed wakes the operator's one worker (`worker.Worker`), which also runs each
+resource's periodic pass and starts nothing while kopf's peering pauses this replica, so a
+standby acts on nothing (no kopf daemon per CR: it made kopf put a finalizer on every CR).
+Passes for one resource never overlap: a trigger arriving while a pass runs marks the resource
+dirty and the running pass goes once more (from a new snapshot), so bursts of child events
+collapse into one or two passes. Passes of different resources run in parallel on a pool of
+PDX_WORKERS threads (the bound). The watch echo of the operator's own apply (same
+resourceVersion as the apply's answer) triggers nothing: the pass that wrote it already saw
+that state.
 """
 
 from __future__ import annotations
