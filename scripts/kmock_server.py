@@ -16,6 +16,9 @@ does not pay for walking the objects:
 
 Object requests (list, watch, get, create, patch, delete of a resource) go to the emulator's
 own methods through one reaction tried first, not through kmock's match of every reaction.
+The cyclic garbage collector runs with the operator's thresholds (`pdx.controller.collector`):
+kmock keeps every object's history, and Python's default thresholds made full collections
+of that heap a tenth of the mock's CPU; the bench's runs are minutes, so none runs by count.
 
 Prints ``URL <server url>`` on stdout once listening; exits when stdin closes (the parent ended).
 ``--cpu N`` pins the server to CPU N (the bench keeps the operator off it).
@@ -29,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import contextvars
+import gc
 import itertools
 import logging
 import os
@@ -48,6 +52,8 @@ from tests.operator.conftest import CHILD_RESOURCES, CR, ApiServer, declare
 
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 WRITES = (kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE)
+# pdx.controller.collector.THRESHOLDS, written out: the baseline leg's pdx (PYTHONPATH) has none.
+GC_THRESHOLDS = (50_000, 20, 1_000_000)
 
 
 _handling: contextvars.ContextVar[kmock.Request | None] = contextvars.ContextVar("handling", default=None)
@@ -251,6 +257,7 @@ def main() -> int:
     args = p.parse_args()
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})  # before any thread starts: they inherit it
+    gc.set_threshold(*GC_THRESHOLDS)
     asyncio.run(serve())
     return 0
 

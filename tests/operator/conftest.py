@@ -73,7 +73,13 @@ class ApiServer(kmock.KubernetesEmulator):
                 request.data.setdefault("metadata", {})["resourceVersion"] = self._next_version()
             if request.action == kmock.action.UPDATE and not request.subresource:
                 if "apply-patch" in request.headers.get("Content-Type", "") and not exists:
-                    await self._create(key, request.data)  # server-side apply creates; then patches
+                    # Server-side apply creates: kmock handles the request as the creation it
+                    # is (one ADDED event, as from a real API server), not as a creation and
+                    # then a patch of the new object with its own body (a copy of it, a second
+                    # version, a MODIFIED event with the same object).
+                    _stamp_new(request.data, key[1], self._next_version())
+                    object.__setattr__(request, "action", kmock.action.CREATE)  # frozen attrs
+                    return await super()._handle(request)
                 elif exists and "spec" in request.data and request.data["spec"] != self.objects[key].get("spec"):
                     gen = (self.objects[key].get("metadata") or {}).get("generation") or 1
                     request.data.setdefault("metadata", {})["generation"] = gen + 1
@@ -101,13 +107,6 @@ class ApiServer(kmock.KubernetesEmulator):
     def _next_version(self) -> str:
         self.version += 1
         return str(self.version)
-
-    async def _create(self, key: Any, data: dict[str, Any]) -> None:
-        obj = copy.deepcopy(data)
-        _stamp_new(obj, key[1], self._next_version())
-        async with self._lock:
-            self.objects[key] = obj
-            await self._buses[key[0]].put({"type": "ADDED", "object": self.objects[key].raw})
 
 
 def _stamp_new(data: dict[str, Any], namespace: str | None, version: str) -> None:

@@ -13,24 +13,24 @@ acts only on complete state. A pass with nothing to do sends no request, and one
 snapshot is the same as that of the last pass that found nothing to do is skipped without
 rendering.
 
-Triggers: create/update/resume of a DisaggregatedInference, a periodic pass (drift repair
-of any child kind, router reuse counters; from the same state, so a safety net, not a
-re-read), and events of the StatefulSets and Deployments the operator owns (a deleted or
-hand-edited engine set comes back at once; pod readiness reaches the router's endpoints
-file through the sets' status): the feed wakes the resource's daemon, which also runs the
-periodic pass and which kopf stops while peering pauses this replica, so a standby acts on
-nothing. Passes for one resource
-never overlap: a trigger arriving while a pass runs marks the resource dirty and the running
-pass goes once more (from a new snapshot), so bursts of child events collapse into one or
-two passes. Passes of different resources run in parallel on a pool of PDX_WORKERS threads
-(the bound). The watch echo of the operator's own apply (same resourceVersion as the apply's
-answer) triggers nothing: the pass that wrote it already saw that state.
+Triggers: create/update/resume of a DisaggregatedInference, a periodic pass (drift repair of
+any child kind, router reuse counters; from the same state, so a safety net, not a re-read),
+and events of the StatefulSets and Deployments the operator owns (a deleted or hand-edited
+engine set comes back at once; pod readiness reaches the router's endpoints file through the
+sets' status): the feed wakes the operator's one worker (`worker.Worker`), which also runs each
+resource's periodic pass and starts nothing while kopf's peering pauses this replica, so a
+standby acts on nothing (no kopf daemon per CR: it made kopf put a finalizer on every CR).
+Passes for one resource never overlap: a trigger arriving while a pass runs marks the resource
+dirty and the running pass goes once more (from a new snapshot), so bursts of child events
+collapse into one or two passes. Passes of different resources run in parallel on a pool of
+PDX_WORKERS threads (the bound). The watch echo of the operator's own apply (same
+resourceVersion as the apply's answer) triggers nothing: the pass that wrote it already saw
+that state.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -41,19 +41,20 @@ import urllib.request
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import click
 import kopf
 
 from pdx import kinds, labels, rules
-from pdx.controller import metrics
+from pdx.controller import collector, metrics
 from pdx.controller.bookkeeping import MemoryDiffBaseStorage, MemoryProgressStorage
 from pdx.controller.feed import Feeds, Notify
-from pdx.controller.kube import ApiError, Kube, make_api_client
+from pdx.controller.kube import ApiError, EventSource, Kube, make_api_client
 from pdx.controller.rbac import PEERING_NAME
 from pdx.controller.reconcile import Outcome, StatsFetcher, load_target, reconcile_snapshot
 from pdx.controller.state import ListReads, Snapshot, WatchState, index_id
+from pdx.controller.worker import Worker, capture_kopf_pause
 from pdx.render.meta import router_url
 from pdx.resource import SpecError
 from pdx.spec import GROUP, PLURAL, VERSION
@@ -86,8 +87,10 @@ class _Gate:
     written: dict[tuple[str, str], str] = field(default_factory=dict)
     # The snapshot (and router stats) of the last pass that found nothing to do.
     quiet: tuple[Any, ...] | None = None
-    # Set by a child event: the resource's daemon (`follow`) runs a pass.
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # A periodic pass asked for while a pass ran: the running one goes once more, with stats.
+    stats: bool = False
+    # The CR's uid as kopf last handed it over (kopf's bookkeeping in memory is kept by uid).
+    uid: str | None = None
     # Child events that arrived during a pass, as ((kind, name), resourceVersion): most are
     # echoes of that very pass's applies, which it records only when it returns.
     pending: list[tuple[tuple[str, str], str]] = field(default_factory=list)
@@ -95,6 +98,9 @@ class _Gate:
 
 _gates: dict[tuple[str, str], _Gate] = {}
 _gates_lock = threading.Lock()
+# The operator's one worker (child events, periodic passes); set by the startup handler.
+_worker: Worker | None = None
+_PAUSE_CAPTURED = capture_kopf_pause()
 
 
 def _gate(key: tuple[str, str]) -> _Gate:
@@ -102,9 +108,18 @@ def _gate(key: tuple[str, str]) -> _Gate:
         return _gates.setdefault(key, _Gate())
 
 
-def _post(outcome: Outcome) -> None:
+def _post(memo: Any, outcome: Outcome) -> None:
+    """The pass's Events, from its own thread over its own connection (best effort, as kopf's
+    poster: a failure is logged and changes nothing). kopf's poster cost its event loop a
+    queue hop, a task per object and an aiohttp request for each Event."""
+    source: EventSource = getattr(memo, "event_source", None) or EventSource()
     for ev in outcome.events:
-        kopf.event(cast(Any, outcome.body), type=ev.type, reason=ev.reason, message=ev.message[:1000])
+        try:
+            _kube(memo).post_event(outcome.body, ev.type, ev.reason, ev.message[:1000], source)
+        except ApiError as err:
+            log.warning(
+                "posting the event %s of %s failed: %s", ev.reason, outcome.body.get("metadata", {}).get("name"), err
+            )
 
 
 def _kube(memo: Any) -> Kube:
@@ -196,6 +211,7 @@ def _work(
     metrics.passed(_result(outcome), time.perf_counter() - t0)
     if outcome.error:
         metrics.failed("apply")
+    _post(memo, outcome)
     idle = not outcome.writes and not outcome.events and not outcome.error
     gate.quiet = inputs if idle and not audit else None
     return outcome
@@ -221,6 +237,7 @@ async def _pass(
     gate = _gate((namespace, name))
     if gate.running:
         gate.dirty = True
+        gate.stats = gate.stats or stats  # a periodic pass: the running one goes again with stats
         return None
     gate.running = True
     state = _state(memo)
@@ -228,11 +245,13 @@ async def _pass(
     try:
         while True:
             gate.dirty = False
+            stats, gate.stats = stats or gate.stats, False
             snap = state.read_from(_indices(memo, indices), namespace, name)
             if snap is None:
                 return None
             audit = stats and _audit_due(memo)
             outcome = await loop.run_in_executor(_pool(memo), _work, memo, gate, namespace, name, snap, stats, audit)
+            stats = False
             if outcome is not None:  # every pass reports its own actions, also the coalesced ones
                 gate.written.update(outcome.versions)
             if any(gate.written.get(key) != version for key, version in gate.pending):
@@ -240,7 +259,6 @@ async def _pass(
             gate.pending.clear()
             if outcome is not None:
                 state.record(namespace, name, outcome.answers, outcome.deleted)
-                _post(outcome)
                 if outcome.writes:
                     logger.info(
                         "reconciled %s/%s: applied %s, pruned %s, status %s",
@@ -273,7 +291,7 @@ def _result(outcome: Outcome | None) -> str:
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **kw: Any) -> None:
     """Peering for two replicas, pdx-prefixed kopf bookkeeping, the API client, and the
     feeds: kopf starts watching the CR after its startup handlers, so returning only once
     every feed has its first listing means no pass ever sees a partial state."""
@@ -294,6 +312,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     # lines become Events; the operator's own (Applied, Ready, ...) go through kopf.event.
     settings.posting.level = logging.INFO
     settings.execution.max_workers = WORKERS  # the few sync handlers left (startup, deletion)
+    if not _PAUSE_CAPTURED:
+        raise kopf.PermanentError("this kopf has no daemon_killer to read its pause switches from; pdx needs kopf 1.45")
+    # The pass threads post the Events themselves, as kopf's poster would have.
+    memo.event_source = EventSource(
+        component=settings.posting.reporting_component,
+        instance=settings.posting.reporting_instance,
+        name_prefix=settings.posting.event_name_prefix,
+    )
     if getattr(memo, "kube", None) is None:
         memo.kube = Kube(make_api_client())
     # Let urllib3 keep a connection per pass thread instead of reconnecting.
@@ -314,6 +340,45 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     await feeds.listed()
     logger.info("listed %s; watching them", ", ".join(k.plural for k in selectors))
     memo.audit = _Audit(due=time.monotonic() + AUDIT_SECONDS)  # the state was just listed
+    global _worker
+    _worker = _make_worker(memo, kw[_CR_INDEX])
+    _worker.start()
+    collector.tune()  # the state is a large long-lived heap: no full collections by count
+    memo.collecting = asyncio.get_running_loop().create_task(collector.collect_periodically(), name="pdx-gc")
+
+
+def _make_worker(memo: Any, cr_index: Any) -> Worker:
+    """The worker runs `_pass` (looked up at each call: tests wrap it) from the root memo."""
+    indices = {_CR_INDEX: cr_index}
+
+    async def run(key: tuple[str, str], periodic: bool) -> None:
+        try:
+            await _pass(memo, indices, key[0], key[1], stats=periodic, logger=log)
+        except ApiError as err:
+            what = "periodic reconcile" if periodic else "reconcile after a child event"
+            log.warning("%s of %s/%s failed: %s", what, key[0], key[1], err)
+
+    return Worker(
+        run=run,
+        present=lambda key: bool(list(cr_index.get(key, ()))),
+        forget=lambda key: _forget(memo, key),
+        resync=RESYNC_SECONDS,
+    )
+
+
+def _forget(memo: Any, key: tuple[str, str], uid: str | None = None) -> None:
+    """Everything kept for a deleted CR: its gate, its writes not yet echoed, kopf's bookkeeping."""
+    with _gates_lock:
+        gate = _gates.pop(key, None)
+    if gate is not None and gate.running:
+        with _gates_lock:
+            _gates[key] = gate  # a pass still runs; the next trigger finds the CR gone again
+        return
+    _state(memo).forget(*key)
+    for kept in (getattr(memo, "diffbase", None), getattr(memo, "progress", None)):
+        for old in {uid, gate.uid if gate is not None else None} - {None}:
+            if kept is not None:
+                kept.forget(old)
 
 
 def _served_namespaces() -> list[str] | None:
@@ -331,6 +396,13 @@ def _served_namespaces() -> list[str] | None:
 
 @kopf.on.cleanup()
 async def stop_pool(memo: kopf.Memo, **_: Any) -> None:
+    global _worker
+    if _worker is not None:
+        await _worker.stop()
+        _worker = None
+    collecting: asyncio.Task[None] | None = getattr(memo, "collecting", None)
+    if collecting is not None:
+        collecting.cancel()
     pool: ThreadPoolExecutor | None = getattr(memo, "pool", None)
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)
@@ -342,8 +414,18 @@ async def stop_pool(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
-async def converge(namespace: str | None, name: str, memo: Any, logger: Any, **kw: Any) -> None:
+async def converge(namespace: str | None, name: str, memo: Any, logger: Any, uid: str | None, **kw: Any) -> None:
     assert namespace is not None  # the resource is namespaced
+    key = (namespace, name)
+    gate = _gate(key)
+    if gate.uid != uid:
+        if gate.uid is not None:  # deleted and created again under the same name
+            for kept in (getattr(memo, "diffbase", None), getattr(memo, "progress", None)):
+                if kept is not None:
+                    kept.forget(gate.uid)
+        gate.uid = uid
+    if _worker is not None:
+        _worker.adopt(key)  # periodic passes from now on
     try:
         outcome = await _pass(memo, kw, namespace, name, stats=False, logger=logger)
     except ApiError as err:
@@ -353,14 +435,14 @@ async def converge(namespace: str | None, name: str, memo: Any, logger: Any, **k
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-def deleted(namespace: str | None, name: str, memo: Any, logger: Any, uid: str | None, **_: Any) -> None:
-    """No finalizer: children carry ownerReferences and the garbage collector removes them."""
-    with _gates_lock:
-        _gates.pop((namespace or "", name), None)
-    _state(memo).forget(namespace or "", name)
-    for kept in (getattr(memo, "diffbase", None), getattr(memo, "progress", None)):
-        if kept is not None:
-            kept.forget(uid)
+async def deleted(namespace: str | None, name: str, memo: Any, logger: Any, uid: str | None, **_: Any) -> None:
+    """Called only when a CR's deletion waits for someone's finalizer (foreground deletion, say):
+    pdx puts none, so most CRs just vanish and the worker forgets them (`worker.Worker._one`).
+    Children carry ownerReferences: the garbage collector removes them."""
+    key = (namespace or "", name)
+    if _worker is not None:
+        _worker.drop(key)
+    _forget(memo, key, uid)
     logger.info("%s/%s deleted; its children go with it (ownerReferences)", namespace, name)
 
 
@@ -397,8 +479,8 @@ def _notify(kind: kinds.Kind) -> Notify | None:
 
 
 def _child_changed(event_type: str, body: dict[str, Any]) -> None:
-    """A watched child changed: wake its owner's daemon (a deleted or hand-edited set comes
-    back). No gate yet means no daemon yet: its first pass will read this state anyway."""
+    """A watched child changed: a pass of its owner (a deleted or hand-edited set comes back).
+    No gate yet means no pass yet: the first one will read this state anyway."""
     owner = _owner(body)
     namespace = (body.get("metadata") or {}).get("namespace")
     if owner is None or not namespace or _is_echo({"type": event_type}, body, namespace, owner):
@@ -410,43 +492,15 @@ def _child_changed(event_type: str, body: dict[str, Any]) -> None:
     meta = body.get("metadata") or {}
     if gate.running and event_type != "DELETED" and meta.get("resourceVersion"):
         gate.pending.append(((str(body.get("kind", "")), str(meta.get("name", ""))), str(meta["resourceVersion"])))
-    else:
-        gate.wake.set()
-
-
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=1.0)
-async def follow(namespace: str | None, name: str, memo: Any, logger: Any, **kw: Any) -> None:
-    """Passes on child events, and every RESYNC_SECONDS the periodic one (drift repair of
-    any kind, the router's reuse counters; its errors wait for the next one).
-
-    One task per resource for both: a kopf timer beside it was a second task, and a second
-    spawning handler kopf checks on every event of the CR, for each resource. A daemon, not
-    a call from the feed: kopf stops daemons while peering pauses the replica (and on
-    deletion), so a standby never writes. Cancelled by kopf when it stops, from wherever it
-    waits. The periodic pass comes RESYNC_SECONDS after the daemon starts and after each
-    periodic pass ends, whatever child events came in between (as kopf's timer did)."""
-    assert namespace is not None
-    gate = _gate((namespace, name))
-    loop = asyncio.get_running_loop()
-    due = loop.time() + RESYNC_SECONDS
-    while True:
-        if not gate.wake.is_set() and (left := due - loop.time()) > 0:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(left):
-                    await gate.wake.wait()
-        gate.wake.clear()
-        periodic = loop.time() >= due
-        try:
-            await _pass(memo, kw, namespace, name, stats=periodic, logger=logger)
-        except ApiError as err:
-            what = "periodic reconcile" if periodic else "reconcile after a child event"
-            logger.warning("%s of %s/%s failed: %s", what, namespace, name, err)
-        if periodic:
-            due = loop.time() + RESYNC_SECONDS
+    elif _worker is not None:
+        _worker.wake((namespace, owner))
 
 
 def _index_cr(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    """The CR filed under its own (namespace, name). Lightweight, as kopf asks: a shallow copy."""
+    """The CR filed under its own (namespace, name). Lightweight, as kopf asks: a shallow copy.
+    Every CR event passes here first, kopf's relisting after a pause too (the worker waits for it)."""
+    if _worker is not None:
+        _worker.relisted.set()
     raw = dict(body)
     raw.setdefault("apiVersion", kinds.RESOURCE.api_version)
     raw.setdefault("kind", kinds.RESOURCE.kind)

@@ -13,6 +13,7 @@ dozen requests in a row on one thread, which needs no pool. Through an HTTP prox
 
 from __future__ import annotations
 
+import datetime
 import http.client
 import json
 import ssl
@@ -213,6 +214,12 @@ class Kube:
             if err.status != 404:
                 raise
 
+    def post_event(
+        self, involved: Mapping[str, Any], type_: str, reason: str, message: str, source: EventSource
+    ) -> None:
+        body = event_body(involved, type_, reason, message, source)
+        self.call("POST", f"/api/v1/namespaces/{body['metadata']['namespace']}/events", body=body)
+
     def get_resource(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.get(API_VERSION, KIND, namespace, name)
 
@@ -226,3 +233,48 @@ class Kube:
             content_type=MERGE,
         )
         return answer
+
+
+@dataclass(frozen=True)
+class EventSource:
+    """Who posts the operator's Events: kopf's posting settings (the handlers copy them at
+    startup), so the Events are those kopf's poster wrote."""
+
+    component: str = "kopf"
+    instance: str = "dev"
+    name_prefix: str = "kopf-event-"
+
+
+def event_body(
+    involved: Mapping[str, Any], type_: str, reason: str, message: str, source: EventSource
+) -> dict[str, Any]:
+    """A core/v1 Event about `involved`, field for field as kopf's poster builds it."""
+    meta = involved.get("metadata") or {}
+    ref = {
+        k: v
+        for k, v in (
+            ("apiVersion", involved.get("apiVersion")),
+            ("kind", involved.get("kind")),
+            ("name", meta.get("name")),
+            ("uid", meta.get("uid")),
+            ("namespace", meta.get("namespace")),
+        )
+        if v
+    }
+    namespace = ref.get("namespace") or "default"
+    ref["namespace"] = namespace
+    now = datetime.datetime.now(datetime.UTC).isoformat()
+    return {
+        "metadata": {"namespace": namespace, "generateName": source.name_prefix},
+        "action": "Action?",
+        "type": type_,
+        "reason": reason,
+        "message": message,
+        "reportingComponent": source.component,
+        "reportingInstance": source.instance,
+        "source": {"component": source.component},
+        "involvedObject": ref,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "eventTime": now,
+    }
