@@ -53,6 +53,8 @@ class HeldPrefix(Document):
         return raw if len(raw) == blocks * DIGEST_BYTES else None
 
 
+_NUM_TOKENS = HeldPrefix.model_fields["num_tokens"].alias or "num_tokens"  # its wire name
+
 Outcome = Literal["hit", "prefix_mismatch", "below_threshold"]
 
 
@@ -61,6 +63,14 @@ class Verdict(Document):
 
     outcome: Outcome
     tokens: int = Field(ge=0, lt=1 << 31)
+
+
+def held_tokens(params: dict[str, Any]) -> int | None:
+    """How many tokens decode's params say it holds, if they name them (HELD), without
+    checking the digests: that is prefill's to do."""
+    held = params.get(HELD)
+    n = held.get(_NUM_TOKENS) if isinstance(held, dict) else None
+    return n if type(n) is int else None
 
 
 def _packed(token_ids: Sequence[int], n: int) -> bytes:

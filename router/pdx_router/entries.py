@@ -74,8 +74,7 @@ class Entry:
 
     @property
     def num_tokens(self) -> int:
-        held = self.kv.get(kv_prefix.HELD)
-        n = held.get("numTokens") if isinstance(held, dict) else self.kv.get("remote_num_tokens")
+        n = kv_prefix.held_tokens(self.kv) if self.held_by_engines else self.kv.get("remote_num_tokens")
         return n if isinstance(n, int) else 0
 
     def nbytes(self) -> int:

@@ -123,7 +123,7 @@ class TurnPlan:
     local_ids: bool = False  # ...and they came from the router's own tokenizer
     text: str | None = None  # the chat prompt as the router's tokenizer rendered it
     affinity: str | None = None  # the decode that held the conversation's entry
-    checked_by_engines: bool = False  # prefill checks the prefix; reused_tokens is at most this
+    checked_by_engines: bool = False  # prefill checks the prefix; reused_tokens is what decode holds, at most
 
 
 NO_CONVERSATION = TurnPlan(Outcome.NONE)
