@@ -31,6 +31,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -157,7 +158,8 @@ async def conversation(
 ) -> None:
     # Every target sees the same histories, each behind its own first word: the fakes memoise
     # tokenization by text, so a history one target sent before would be cheaper for the next.
-    rng = random.Random(cid.split("-", 1)[-1])
+    # The seed is the id's last two parts (concurrency, index): a target's name may hold a "-".
+    rng = random.Random("-".join(cid.rsplit("-", 2)[-2:]))
     msgs: list[dict[str, str]] = [{"role": "user", "content": cid + " " + " ".join(agent_history(rng))}]
     for i in range(turns):
         if THINK_MS:
@@ -173,7 +175,11 @@ async def conversation(
         msgs = [*msgs, {"role": "assistant", "content": f"answer {i}"}, {"role": "user", "content": tool}]
 
 
-async def run(turn: Turn, conc: int, turns: int, tag: str, reuse: bool) -> tuple[list[float], list[int], float]:
+async def run(
+    turn: Turn, conc: int, turns: int, tag: str, reuse: bool, conversations: int = 0
+) -> tuple[list[float], list[int], float]:
+    """`conc` conversations at a time, `max(conc, conversations)` in all: a row at concurrency
+    1 then times as many requests as one at 8 (10 requests read +-15% between reps)."""
     ttfts: list[float] = []
     chunks: list[int] = []
     conn = aiohttp.TCPConnector(limit=0)
@@ -183,7 +189,13 @@ async def run(turn: Turn, conc: int, turns: int, tag: str, reuse: bool) -> tuple
         # per conversation than a direct client, which a long-running router never pays).
         await asyncio.gather(*(conversation(s, turn, f"warm{tag}-{i}", 2, [], [], reuse) for i in range(conc)))
         t0 = time.perf_counter()
-        await asyncio.gather(*(conversation(s, turn, f"{tag}-{i}", turns, ttfts, chunks, reuse) for i in range(conc)))
+        total = max(conc, conversations)
+
+        async def lane(first: int) -> None:  # one of `conc`: its conversations one after another
+            for i in range(first, total, conc):
+                await conversation(s, turn, f"{tag}-{i}", turns, ttfts, chunks, reuse)
+
+        await asyncio.gather(*(lane(i) for i in range(conc)))
         wall = time.perf_counter() - t0
     return ttfts, chunks, len(ttfts) / wall
 
@@ -357,6 +369,62 @@ class Target:
     skipped: str = ""  # why the row has no figures
 
 
+@dataclass(frozen=True)
+class Row:
+    """One target's figures in one block (a rep at one concurrency)."""
+
+    rep: int
+    conc: int
+    name: str
+    cpu_ms: float  # router CPU per request, idle cost taken out
+    added_p50: float  # TTFT p50 above direct's in the same block, ms
+
+
+def in_order(targets: list[Target], rep: int) -> list[Target]:
+    """Direct first (every block's base), then the routers, reversed on every second rep: a
+    machine that drifts within a block then favours no row (it was seen drifting 30-40%)."""
+    routers = targets[1:] if rep % 2 == 0 else targets[:0:-1]
+    return [targets[0], *routers]
+
+
+def verdicts(rows: list[Row]) -> list[str]:
+    """The issue's three targets, each per concurrency from the median over reps of the
+    in-block figure (a ratio of two rows of one block, or their difference)."""
+
+    def per_block(conc: int, f: Callable[[dict[str, Row]], float | None]) -> list[float]:
+        out = []
+        for rep in sorted({r.rep for r in rows}):
+            block = {r.name: r for r in rows if r.rep == rep and r.conc == conc}
+            if (v := f(block)) is not None:
+                out.append(v)
+        return out
+
+    def ratio(a: str, b: str) -> Callable[[dict[str, Row]], float | None]:
+        return lambda blk: blk[a].cpu_ms / blk[b].cpu_ms if a in blk and b in blk and blk[b].cpu_ms > 0 else None
+
+    def gap(blk: dict[str, Row]) -> float | None:
+        return blk["pdx"].added_p50 - blk["vllm-router"].added_p50 if "pdx" in blk and "vllm-router" in blk else None
+
+    checks: list[tuple[str, Callable[[dict[str, Row]], float | None], float, str]] = [
+        ("pdx plain CPU / vllm-router's", ratio("pdx", "vllm-router"), 1.0, "x"),
+        ("pdx-reuse CPU / pdx plain", ratio("pdx-reuse", "pdx"), 1.25, "x"),
+        ("pdx added TTFT p50 - vllm-router's", gap, 1.0, " ms"),
+    ]
+    lines = ["targets (median over reps of each block's figure; every block's in brackets):"]
+    for what, f, limit, unit in checks:
+        for conc in sorted({r.conc for r in rows}):
+            if what.startswith("pdx added") and conc != 8:
+                continue  # the issue's TTFT target is at concurrency 8
+            vals = per_block(conc, f)
+            if not vals:
+                continue
+            mid = statistics.median(vals)
+            each = ", ".join(f"{v:.2f}" for v in vals)
+            held = "holds" if mid <= limit else "does not hold"
+            lines.append(f"  conc {conc:>2} {what}: {mid:.2f}{unit} [{each}], target <= {limit:g}{unit}: {held}")
+    return lines
+
+
 async def fake_lag(s: aiohttp.ClientSession, port: int) -> float:
     async with s.get(f"http://127.0.0.1:{port}/lag") as r:
         return float((await r.json())["p99_ms"])
@@ -368,7 +436,7 @@ async def main_async(args: argparse.Namespace) -> None:
     procs: list[subprocess.Popen[bytes]] = []
     pp, dp = free_port(), free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
 
     def spawn(cmd: list[str], env: dict[str, str] = env, **kw: Any) -> int:
         procs.append(subprocess.Popen(cmd, env=env, **{"stdout": subprocess.DEVNULL, **kw}))
@@ -474,7 +542,7 @@ async def main_async(args: argparse.Namespace) -> None:
             "fake engines (two pairs, a process each; one checks the prefix as the pdx plugin does): "
             f"prefill {args.prefill_ms:g} ms, decode 5 ms to first token, "
             f"2 ms/token, {OUTPUT_TOKENS} tokens; histories of 2-6k tokens growing to ~8k; "
-            f"{args.turns} streamed turns per conversation"
+            f"{args.turns} streamed turns per conversation, at least {args.conversations} conversations a row"
             + (f", mean think time {THINK_MS:g} ms" if THINK_MS else ", no think time (lockstep)")
         )
         for t in targets:
@@ -489,13 +557,14 @@ async def main_async(args: argparse.Namespace) -> None:
             f"{'conc':>4} {'target':<15} {'TTFT p50':>8} {'p99':>7} {'added p50':>9} {'p99':>7} {'req/s':>6} "
             f"{'CPU ms/req':>10} {'sys':>4} {'µs/chunk':>8} {'x pdx':>6} {'fakes cores':>11} {'lag p99':>7}"
         )
+        rows: list[Row] = []
         for rep in range(args.reps):
             print(f"\nrep {rep + 1}\n{head}\n" + "-" * len(head))
             for conc in args.concurrency:
                 base: float | None = None
                 base99 = 0.0
-                pdx_cpu: float | None = None
-                for t in targets:
+                lines: list[tuple[str, float | None, str]] = []  # (before the ratio, CPU ms, after it)
+                for t in in_order(targets, rep):
                     if t.skipped or (args.only and t.name not in args.only and t.name != "direct"):
                         continue
                     engines_pid, lag_port, _ = t.fakes
@@ -504,7 +573,9 @@ async def main_async(args: argparse.Namespace) -> None:
                         c0, e0, w0 = clock.cpu(t.pid) if t.pid else 0.0, clock.cpu(engines_pid), time.perf_counter()
                         s0 = tree_cpu(t.pid, system_only=True) if t.pid else 0.0
                         t0 = tree_cpu(t.pid) if t.pid else 0.0
-                        ttfts, chunks, rps = await run(t.turn, conc, args.turns, f"{t.name}{rep}-{conc}", t.reuse)
+                        ttfts, chunks, rps = await run(
+                            t.turn, conc, args.turns, f"{t.name}{rep}-{conc}", t.reuse, args.conversations
+                        )
                         wall = time.perf_counter() - w0
                         lag = await fake_lag(s, lag_port)
                     fakes = (clock.cpu(engines_pid) - e0) / wall
@@ -512,7 +583,8 @@ async def main_async(args: argparse.Namespace) -> None:
                     if base is None:
                         base, base99 = p50, p99
                     added = f"{'':>9} {'':>7}" if t.pid is None else f"{p50 - base:>+9.2f} {p99 - base99:>+7.2f}"
-                    cpu = per_chunk = ratio = sys_share = ""
+                    cpu = per_chunk = sys_share = ""
+                    ms: float | None = None
                     if t.pid:
                         n = len(ttfts) + 2 * conc  # the warm-up turns ran in the same window
                         used = clock.cpu(t.pid) - c0
@@ -520,15 +592,21 @@ async def main_async(args: argparse.Namespace) -> None:
                         ticks = tree_cpu(t.pid) - t0
                         sys_share = f"{(tree_cpu(t.pid, system_only=True) - s0) / ticks:.0%}" if ticks else ""
                         ms = (used - t.idle * wall) * 1000 / n
-                        if t.name == "pdx":
-                            pdx_cpu = ms
+                        rows.append(Row(rep, conc, t.name, ms, p50 - base))
                         cpu = f"{ms:.3f}"
                         per_chunk = f"{ms * 1000 / (sum(chunks) / len(chunks)):.0f}"
-                        ratio = f"{ms / pdx_cpu:.2f}" if pdx_cpu else ""
-                    print(
+                    lines.append((
                         f"{conc:>4} {t.name:<15} {p50:>8.2f} {p99:>7.2f} {added} {rps:>6.1f} "
-                        f"{cpu:>10} {sys_share:>4} {per_chunk:>8} {ratio:>6} {fakes:>11.2f} {lag:>7.1f}"
-                    )
+                        f"{cpu:>10} {sys_share:>4} {per_chunk:>8}",
+                        ms,
+                        f"{fakes:>11.2f} {lag:>7.1f}",
+                    ))  # fmt: skip
+                # Printed once the block is whole: in reversed order pdx, the ratios' base, runs last.
+                pdx_cpu = next((r.cpu_ms for r in rows if (r.rep, r.conc, r.name) == (rep, conc, "pdx")), None)
+                for left, ms, right in lines:
+                    ratio = f"{ms / pdx_cpu:.2f}" if ms is not None and pdx_cpu else ""
+                    print(f"{left} {ratio:>6} {right}")
+        print("\n" + "\n".join(verdicts(rows)))
         watcher.cancel()
     finally:
         for p in procs:
@@ -545,6 +623,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument(
+        "--conversations", type=int, default=8, help="conversations per row at least (at most --concurrency at once)"
+    )
     ap.add_argument("--prefill-ms", type=float, default=20.0)
     ap.add_argument("--upstream-proxy", help="path to disagg_proxy_multiturn.py (skips download)")
     ap.add_argument("--reps", type=int, default=1, help="repeat every row this often (printed one after the other)")
