@@ -25,6 +25,7 @@ import copy
 import json
 import subprocess
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +33,22 @@ import yaml
 
 from pdx.local import default_document
 
-WITHOUT_CHECK = "pdx_stream_kv_params,pdx_nixl_progress_delay,pdx_engine_idle_wait,pdx_shm_recheck"
+CHECK = "pdx_prefix_check"  # the engine plugin's entry point (pyproject.toml)
+
+
+def without_check() -> str:
+    """VLLM_PLUGINS naming pdx's other engine plugins, as installed: all but the check."""
+    ours = [e.name for e in entry_points(group="vllm.general_plugins") if e.value.startswith("pdx_engine.")]
+    return ",".join(name for name in ours if name != CHECK)
 
 
 def variant(name: str) -> dict[str, Any]:
     doc = copy.deepcopy(default_document())
     spec = doc["spec"]
     if name != "plugin":
+        plugins = without_check()
         for role in ("prefill", "decode"):
-            spec.setdefault(role, {}).setdefault("env", {})["VLLM_PLUGINS"] = WITHOUT_CHECK
+            spec.setdefault(role, {}).setdefault("env", {})["VLLM_PLUGINS"] = plugins
     spec.setdefault("router", {})["tokenizer"] = "engine" if name == "engine-tok" else "router"
     return doc
 
