@@ -375,10 +375,15 @@ def _forget(memo: Any, key: tuple[str, str], uid: str | None = None) -> None:
             _gates[key] = gate  # a pass still runs; the next trigger finds the CR gone again
         return
     _state(memo).forget(*key)
+    _forget_bookkeeping(memo, uid, gate.uid if gate is not None else None)
+
+
+def _forget_bookkeeping(memo: Any, *uids: str | None) -> None:
+    """kopf's in-memory diff base and progress of these CR uids (kept by uid, not by name)."""
     for kept in (getattr(memo, "diffbase", None), getattr(memo, "progress", None)):
-        for old in {uid, gate.uid if gate is not None else None} - {None}:
+        for uid in set(uids) - {None}:
             if kept is not None:
-                kept.forget(old)
+                kept.forget(uid)
 
 
 def _served_namespaces() -> list[str] | None:
@@ -419,10 +424,7 @@ async def converge(namespace: str | None, name: str, memo: Any, logger: Any, uid
     key = (namespace, name)
     gate = _gate(key)
     if gate.uid != uid:
-        if gate.uid is not None:  # deleted and created again under the same name
-            for kept in (getattr(memo, "diffbase", None), getattr(memo, "progress", None)):
-                if kept is not None:
-                    kept.forget(gate.uid)
+        _forget_bookkeeping(memo, gate.uid)  # deleted and created again under the same name
         gate.uid = uid
     if _worker is not None:
         _worker.adopt(key)  # periodic passes from now on
