@@ -26,6 +26,7 @@ from .config import ConfigError, RouterConfig
 from .discovery import Discovery, Pool
 from .endpoints import Endpoint
 from .entries import Captured, Entry
+from .errors import ConnectTimeout
 from .filters import StreamFilter, filter_response, well_formed_kv
 from .front import Answer, Request, Routes, Server, Stream, error_body, json_answer
 from .ids import IdText, of_list
@@ -46,7 +47,6 @@ from .upstream import (
     json_object,
     tokenized_ids,
 )
-from .wire import ConnectTimeout
 
 log = logging.getLogger("pdx_router")
 

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from .entries import Captured
+from .errors import NotCompact
 from .ids import IdText, of_list
 
 # What a line must contain to be worth a look, in any JSON form: a field's bare name, or a
@@ -35,10 +36,6 @@ _EOLS = (b"\n", b"\r\n", b"\r")  # an empty line, as splitlines() gives it
 # few MB). Above it the answer is malformed: the turn fails with 502, nothing is stored.
 MAX_ANSWER_BYTES = 64 << 20
 _MAX_TOKENS = 1 << 31  # no context is this long: a count above it is not a count
-
-
-class _NotCompact(Exception):
-    """A line is not in the compact form the byte surgery knows: parse it instead."""
 
 
 def token_ids(value: Any) -> list[int] | None:
@@ -195,7 +192,7 @@ class StreamFilter:
                     out = self._compact(data)
                     self._event = False
                     return out
-                except _NotCompact:
+                except NotCompact:
                     pass
         if self.oversized or not data:
             return b""  # the relay ends the stream
@@ -247,7 +244,7 @@ class StreamFilter:
             # (no CR: _multi_data's precondition), the path of every streamed token.
             try:
                 return self._compact(data) if data.find(b"\r") < 0 else self._ready_lines(data, slow)
-            except _NotCompact:
+            except NotCompact:
                 pass
         return self._ready_lines(data, slow)
 
@@ -362,7 +359,7 @@ class StreamFilter:
                 return line
             try:
                 return self._compact(line)
-            except _NotCompact:
+            except NotCompact:
                 pass
         try:
             return self._parsed(line, start)
@@ -377,7 +374,7 @@ class StreamFilter:
 
     def _compact(self, line: bytes) -> bytes:
         """The fast path: every `token_ids` in the line is a compact id member; cut (if asked)
-        and capture them as bytes. Raises _NotCompact for anything else."""
+        and capture them as bytes. Raises NotCompact for anything else."""
         i = line.find(_ID_NAME)
         if i < 0:
             return line
@@ -400,31 +397,31 @@ class StreamFilter:
             elif line[i - 8 : i] == _PROMPT:
                 k, is_prompt = i - 8, True
             else:
-                raise _NotCompact
+                raise NotCompact
             j = i + 11  # token_ids":
             if line[k - 1] not in (0x7B, 0x2C) or line[j - 2 : j] != b'":':  # { ,
-                raise _NotCompact
+                raise NotCompact
             if line.startswith(b"null", j):
                 end = j + 4
             elif line.startswith(b"[", j):
                 end = line.find(b"]", j) + 1
                 if end <= 0:
-                    raise _NotCompact
+                    raise NotCompact
                 raw = line[j:end]
                 if is_prompt:  # thousands of ids: kept as decode wrote them (see Captured.prompt)
                     if raw.translate(None, _INT_LIST):
-                        raise _NotCompact  # not a compact list of ints: parsed, or refused
+                        raise NotCompact  # not a compact list of ints: parsed, or refused
                     prompt = raw if prompt is None else prompt
                 else:
                     try:
                         out = orjson.loads(raw)
                     except orjson.JSONDecodeError:
-                        raise _NotCompact from None
+                        raise NotCompact from None
                     if raw.strip(_INT_LIST) and (out := token_ids(out)) is None:
-                        raise _NotCompact
+                        raise NotCompact
                     outs.append(out)
             else:
-                raise _NotCompact
+                raise NotCompact
             if self.strip_ids:
                 if line[k - 1] == 0x2C:
                     pieces.append(line[pos : k - 1])

@@ -25,14 +25,15 @@ import time
 from collections.abc import Awaitable, Callable
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import cast
+from typing import Any, cast
 from urllib.parse import parse_qsl
 
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from .errors import Refused, WireError
 from .metrics import Metrics
-from .wire import Chunked, WireError
+from .wire import Chunked
 
 log = logging.getLogger("pdx_router")
 
@@ -45,15 +46,6 @@ _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # controls other than HTAB (obs-text is allowed)
 _FULL = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 _SLOW = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-
-
-class Refused(Exception):
-    """A request the server answers itself, and then closes the connection."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class Request:
@@ -212,7 +204,9 @@ class Server:
         """Listen; the port bound (port 0: one the OS picks)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Conn(self), host, port, backlog=backlog)
-        return cast(int, self._server.sockets[0].getsockname()[1])
+        # Any: uvloop's server gives a list where typeshed says tuple (compiled code checks).
+        server: Any = self._server
+        return cast(int, server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:
         if self._server is not None:

@@ -12,9 +12,10 @@ import aiohttp
 import orjson
 
 from .endpoints import Endpoint
+from .errors import TooBig, WireError
 from .filters import MAX_ANSWER_BYTES, token_ids
 from .ids import IdText, of_json_beside, of_list
-from .wire import Call, Collect, Head, Sink, TooBig, Wire, WireError
+from .wire import Call, Collect, Head, Sink, Wire
 
 
 class UpstreamError(Exception):

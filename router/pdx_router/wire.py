@@ -23,18 +23,11 @@ from dataclasses import dataclass
 from typing import Protocol, cast
 from urllib.parse import urlsplit
 
+from .errors import ConnectTimeout, TooBig, WireError
+
 MAX_HEAD_BYTES = 64 << 10  # status line and headers: vLLM's are a few hundred bytes
 _HEX = b"0123456789abcdefABCDEF"
 _MAX_CHUNK_LINE = 4096  # a chunk-size line with its extensions
-
-
-class WireError(ConnectionError):
-    """The engine could not be reached, closed the connection early, or its HTTP was not
-    readable: to the router the same thing as an engine that is not there."""
-
-
-class ConnectTimeout(WireError):
-    """No connection within the connect timeout: unreachable, not slow."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,7 +492,3 @@ class Collect:
             self.call.abort()
         if not self.done.done():
             self.done.set_exception(TooBig(why))
-
-
-class TooBig(Exception):
-    """An answer longer than the router holds in memory (see upstream.MAX_ANSWER_BYTES)."""

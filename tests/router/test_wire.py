@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from pdx_router.wire import Chunked, Collect, Head, Wire, WireError, parse_head
+from pdx_router.errors import WireError
+from pdx_router.wire import Chunked, Collect, Head, Wire, parse_head
 
 Reply = Callable[[int, bytes], bytes | None]  # (request number on this connection, request) -> answer
 Start = Callable[[Reply], Awaitable["RawServer"]]
