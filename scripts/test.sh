@@ -18,9 +18,16 @@ command -v promtool >/dev/null || (apt-get update -qq && apt-get install -y -qq 
 # The operator and router images, built with buildah (cached); tests/images runs them. Exit 3:
 # buildah cannot be installed here, and the image tests skip saying so.
 scripts/build-images.sh || [ $? -eq 3 ]
+# The tests run the compiled data path (what the router image ships): a missing or stale
+# build fails them rather than skipping.
+export PDX_REQUIRE_NATIVE=1
+.venv/bin/python scripts/build_router_native.py
 .venv/bin/ruff check .
 .venv/bin/mypy
 .venv/bin/pytest -q -p no:cacheprovider "$@"
+# The router's own tests once more on its pure-Python modules, which run wherever the build
+# is missing or stale.
+PDX_ROUTER_PURE=1 .venv/bin/pytest -q -p no:cacheprovider tests/router
 # Real vLLM engines (pdx local, 1P1D, off then on): about 4 minutes on 2 cores. Kept apart so
 # that the fast tests report first and the engines have the machine to themselves.
 .venv/bin/pytest -q -p no:cacheprovider -m engines tests/e2e

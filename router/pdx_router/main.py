@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from pdx_contract.base import problems
 from pdx_contract.router_config import TenancyConfig
 
+from . import NATIVE
 from .app import build
 from .config import ConfigError, RouterConfig, StoreConfig, load_config, with_overrides
 
@@ -99,7 +100,7 @@ async def serve(cfg: RouterConfig) -> None:
     # in the collector's view, each full collection walked it all and stalled every stream
     # for ~15-20 ms here (seen in the benchmark at 32 conversations); frozen, it is skipped.
     gc.freeze()
-    logging.getLogger("pdx_router").info("pdx-router listening on %s:%d", cfg.host, cfg.port)
+    logging.getLogger("pdx_router").info("pdx-router listening on %s:%d; data path: %s", cfg.host, cfg.port, NATIVE)
     try:
         await asyncio.Event().wait()
     finally:
