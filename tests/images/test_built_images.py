@@ -87,12 +87,25 @@ def test_installed_pdx_is_this_source_tree(image: Image) -> None:
         assert found["modules"][name] == expected, name
 
 
+def test_the_router_image_runs_its_compiled_data_path(images: dict[str, Image]) -> None:
+    """Built in the image's build stage for its own Python, and current for the sources the
+    wheel installed (else pdx_router would fall back to the .py files)."""
+    script = (
+        "import pdx_router as p, pdx_router.wire as w, pdx_router.app as a\n"
+        "print(p.NATIVE, w.__file__, a.__file__, sep='\\n')"
+    )
+    state, wire, app = _inside(images["router"], script).splitlines()
+    assert state == "compiled", state
+    assert wire.endswith(".so") and "/pdx_router/_native/" in wire and app.endswith("/pdx_router/app.py")
+
+
 def test_final_stage_has_no_compilers_or_build_leftovers(image: Image) -> None:
     script = (
         "import glob, json, shutil\n"
         "tools = [t for t in ('gcc', 'cc', 'c++', 'g++', 'clang', 'make', 'ld') if shutil.which(t)]\n"
         "left = [p for pattern in ('/src', '/tmp/wheels', '/root/.cache', '/.cache', '/opt/**/*.whl',\n"
-        "        '/opt/pdx/lib/python3*/site-packages/setuptools', '/opt/pdx/lib/python3*/site-packages/wheel')\n"
+        "        '/opt/pdx/lib/python3*/site-packages/setuptools', '/opt/pdx/lib/python3*/site-packages/wheel',\n"
+        "        '/opt/pdx/lib/python3*/site-packages/mypy', '/opt/pdx/lib/python3*/site-packages/mypyc')\n"
         "        for p in glob.glob(pattern, recursive=True)]\n"
         "print(json.dumps({'tools': tools, 'left': left}))\n"
     )
