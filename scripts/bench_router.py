@@ -5,7 +5,8 @@ Rows: "direct" (the client does both P/D hops itself: the floor), pdx-router pla
 conversation id) and with multi-turn reuse ("pdx-reuse", on engines that check the prefix as
 the pdx engine plugin does), the same router checking the prefix itself on engines without the
 plugin ("pdx/tok-reuse": /tokenize's ids; "pdx+tok-reuse": its own tokenizer's), vllm-router
-and smg (the Rust P/D routers, PyPI), and vLLM's example proxy. Same fake engines (fixed
+and smg (the Rust P/D routers, PyPI), and vLLM's example proxy; with --pure-row, pdx-router
+plain on its pure-Python data path ("pdx/pure", beside the compiled one). Same fake engines (fixed
 delays, real protocol payloads, a real word-level `tokenizers` tokenizer with a ChatML
 template, built here), same load generator: agent-shaped conversations whose history grows
 from 2-6k to about 8k tokens, 48 streamed tokens a turn, in lockstep at each concurrency.
@@ -479,6 +480,12 @@ async def main_async(args: argparse.Namespace) -> None:
             base_env = {**env, "PYTHONPATH": os.pathsep.join(str(src / d) for d in ("router", "contract"))}
             pdx("pdx@base", base_env, on=unchecked)
         pdx("pdx", env, profile=args.profile)
+        if args.pure_row:
+            # The same router on its pure-Python modules: what compiling the data path takes off.
+            from pdx_router.native import PURE_ENV
+
+            pdx("pdx/pure", {**env, PURE_ENV: "1"})
+            targets.pop()  # its reuse row: the plain one is the comparison
         # The same router where it checks the prefix itself: on /tokenize's ids, and on its own
         # tokenizer's; their plain rows are pdx's (only the reuse path differs).
         pdx("pdx/tok", env, on=unchecked)
@@ -545,6 +552,9 @@ async def main_async(args: argparse.Namespace) -> None:
             f"{args.turns} streamed turns per conversation, at least {args.conversations} conversations a row"
             + (f", mean think time {THINK_MS:g} ms" if THINK_MS else ", no think time (lockstep)")
         )
+        import pdx_router
+
+        print(f"pdx-router's data path (this tree): {pdx_router.NATIVE}")
         for t in targets:
             if t.skipped:
                 print(f"  {t.name}: skipped, {t.skipped}")
@@ -632,6 +642,7 @@ def main() -> None:
     ap.add_argument("--idle-seconds", type=float, default=5.0, help="how long each router's idle cost is measured")
     ap.add_argument("--peers-venv", default=str(PEERS), help="venv for vllm-router and smg (made on first use)")
     ap.add_argument("--tokenizer-row", action="store_true", help="also pdx-router with its own tokenizer (reuse)")
+    ap.add_argument("--pure-row", action="store_true", help="also pdx-router on its pure-Python data path (plain)")
     ap.add_argument("--profile", help="cProfile pdx-router (this revision's) into this file")
     ap.add_argument("--only", nargs="+", help="targets to run besides direct (default: all)")
     ap.add_argument("--think-ms", type=float, default=0.0, help="mean pause between turns (default: none)")
