@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pdx_contract.stats import REUSE_OUTCOMES, GapSummary, PromptIdSources, ReuseCounts, RouterStats
 
+from . import NATIVE
 from .policy import Outcome
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -89,6 +90,15 @@ class Metrics:
             registry=r,
         )
         self.open_connections = Gauge("pdx_router_open_connections", "Client connections open.", registry=r)
+        # A fleet whose routers fell back to the pure-Python data path (a stale or missing
+        # build: native.py) spends a few percent more CPU per request; this says which runs.
+        build = Gauge(
+            "pdx_router_build_info",
+            "The router's build: data_path is compiled or pure (see the start-up log for why).",
+            ["data_path"],
+            registry=r,
+        )
+        build.labels("compiled" if NATIVE == "compiled" else "pure").set(1)
         for o in REUSE_OUTCOMES:
             self.reuse.labels(o)
         for reason in CLOSE_REASONS:

@@ -80,3 +80,16 @@ def test_the_router_imports_the_compiled_modules_when_built_and_the_py_files_whe
     assert app.endswith("app.py")  # the rest of the router stays Python
     state, wire, front, _ = _which({**env, native.PURE_ENV: "1"})
     assert state.startswith("pure Python") and wire.endswith("wire.py") and front.endswith("front.py")
+
+
+def test_metrics_say_which_data_path_runs() -> None:
+    from pdx_router import NATIVE
+    from pdx_router.metrics import Metrics
+
+    samples = {
+        s.labels["data_path"]: s.value
+        for m in Metrics().registry.collect()
+        if m.name == "pdx_router_build_info"
+        for s in m.samples
+    }
+    assert samples == {"compiled" if NATIVE == "compiled" else "pure": 1.0}
