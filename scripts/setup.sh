@@ -15,7 +15,10 @@ pip=(.venv/bin/python -m pip install --quiet)
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 # The router's data path, compiled with mypyc (about 25 s; nothing when current). Without a
 # C compiler the router runs its pure-Python modules, and says so when it starts.
-command -v cc >/dev/null || (apt-get update -qq && apt-get install -y -qq gcc libc6-dev) >/dev/null 2>&1 || true
+headers=$(.venv/bin/python -c 'import os, sysconfig; print(os.path.join(sysconfig.get_paths()["include"], "Python.h"))')
+if ! command -v cc >/dev/null || [ ! -f "$headers" ]; then
+  (apt-get update -qq && apt-get install -y -qq gcc libc6-dev "lib$(basename "$(dirname "$headers")")-dev") >/dev/null 2>&1 || true
+fi
 .venv/bin/python scripts/build_router_native.py \
   || echo "pdx: the router's data path was not compiled; it runs as pure Python" >&2
 echo "pdx: .venv ready ($(.venv/bin/python -c 'import vllm; print("vllm", vllm.__version__)'))"
