@@ -128,6 +128,12 @@ CASES: dict[str, Case] = {
         eval_time="40m",
         labels=DI,
     ),
+    "PdxRouterPurePython": Case(
+        firing=dict([s("pdx_router_build_info", "1x60", data_path="pure", pod="router-0")]),
+        quiet=(dict([s("pdx_router_build_info", "1x60", data_path="compiled", pod="router-0")]),),
+        eval_time="40m",
+        labels=DI,
+    ),
     "PdxOperatorReconcileErrors": Case(
         firing={'pdx_operator_reconcile_errors_total{namespace="pdx-system"}': "0+1x60"},
         quiet=({'pdx_operator_reconcile_errors_total{namespace="pdx-system"}': "3x60"},),

@@ -64,6 +64,9 @@ _DECODE_KV = f'max by ({BY}, instance) (vllm:kv_cache_usage_perc{{{COMPONENT_LAB
 _DECODED = f'sum by ({BY}) (rate(vllm:request_success_total{{{COMPONENT_LABEL}="decode"}}[10m]))'
 _TRANSFERS = f"sum by ({BY}) (rate(vllm:nixl_xfer_time_seconds_count[10m]))"
 _RECONCILE_ERRORS = "sum by (namespace) (increase(pdx_operator_reconcile_errors_total[15m]))"
+_BUILDS = "pdx_router_build_info"
+# 0, not absent, while every router runs compiled (no pure series exists then).
+_PURE_ROUTERS = f'(sum by ({BY}) ({_BUILDS}{{data_path="pure"}}) or 0 * sum by ({BY}) ({_BUILDS}))'
 
 
 ALERTS: tuple[Alert, ...] = (
@@ -153,6 +156,22 @@ ALERTS: tuple[Alert, ...] = (
             "Check the engines' logs for the NIXL backend they chose (spec.kvTransfer.backends; "
             "on EFA, LIBFABRIC and the EFA devices in spec.placement) and "
             "vllm:nixl_num_failed_transfers_total."
+        ),
+    ),
+    Alert(
+        name="PdxRouterPurePython",
+        expr=f"{_PURE_ROUTERS} > 0",
+        signals=(_PURE_ROUTERS,),
+        for_="15m",
+        severity="warning",
+        summary=f"{_INSTANCE}: a router runs its pure-Python data path",
+        description=(
+            "The router's compiled data path was missing, or built for other sources or another "
+            "Python, so it runs its .py modules and spends a few percent more CPU per request. "
+            "Its start-up log line says why (data path: pure Python (...)). Point "
+            "spec.router.image at an image built by images/router/Dockerfile, which compiles it "
+            "and refuses to finish without it, and unset PDX_ROUTER_PURE in the router's "
+            "environment."
         ),
     ),
     # Needs pdx_operator_reconcile_errors_total, which the operator does not export yet (kopf
