@@ -20,7 +20,8 @@ from pathlib import Path
 
 COMPILED = ("wire", "relay", "filters", "front")  # pdx_router's modules that mypyc compiles
 HERE = Path(__file__).resolve().parent
-NATIVE_DIR = HERE / "_native"
+FOLDER = "_native"  # the build's folder inside the package
+NATIVE_DIR = HERE / FOLDER
 MANIFEST = "manifest.json"
 PURE_ENV = "PDX_ROUTER_PURE"
 
@@ -31,7 +32,7 @@ def sources(package_dir: Path = HERE) -> dict[str, str]:
     return {
         p.relative_to(package_dir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(package_dir.rglob("*.py"))
-        if "_native" not in p.parts
+        if FOLDER not in p.parts
     }
 
 
@@ -45,7 +46,7 @@ def state(package_dir: Path = HERE, env: dict[str, str] | None = None) -> str:
     env = dict(os.environ) if env is None else env
     if env.get(PURE_ENV, "") not in ("", "0"):
         return f"pure Python ({PURE_ENV} is set)"
-    path = package_dir / "_native" / MANIFEST
+    path = package_dir / FOLDER / MANIFEST
     if not path.exists():
         return "pure Python (not compiled; scripts/build_router_native.py compiles it)"
     built = json.loads(path.read_bytes())

@@ -24,8 +24,8 @@ def package(tmp_path: Path) -> Path:
     """A copy of pdx_router's sources with a manifest as a build writes it (no extensions)."""
     dst = tmp_path / "pdx_router"
     shutil.copytree(native.HERE, dst, ignore=shutil.ignore_patterns("_native*", "__pycache__", "*.so"))
-    (dst / "_native").mkdir()
-    (dst / "_native" / native.MANIFEST).write_text(json.dumps(native.manifest(dst)))
+    (dst / native.FOLDER).mkdir()
+    (dst / native.FOLDER / native.MANIFEST).write_text(json.dumps(native.manifest(dst)))
     return dst
 
 
@@ -47,7 +47,7 @@ def test_a_new_module_makes_the_build_stale(package: Path) -> None:
 
 
 def test_a_build_for_another_interpreter_is_not_used(package: Path) -> None:
-    path = package / "_native" / native.MANIFEST
+    path = package / native.FOLDER / native.MANIFEST
     built = json.loads(path.read_text())
     path.write_text(json.dumps({**built, "abi": ".cpython-312-x86_64-linux-gnu.so"}))
     assert "compiled for another Python" in native.state(package, env={})
@@ -56,7 +56,7 @@ def test_a_build_for_another_interpreter_is_not_used(package: Path) -> None:
 def test_no_build_and_the_pure_switch_each_say_so(package: Path) -> None:
     assert native.state(package, env={native.PURE_ENV: "1"}) == f"pure Python ({native.PURE_ENV} is set)"
     assert native.state(package, env={native.PURE_ENV: "0"}) == "compiled"
-    shutil.rmtree(package / "_native")
+    shutil.rmtree(package / native.FOLDER)
     assert native.state(package, env={}).startswith("pure Python (not compiled;")
 
 
