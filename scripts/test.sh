@@ -18,10 +18,10 @@ command -v promtool >/dev/null || (apt-get update -qq && apt-get install -y -qq 
 # The operator and router images, built with buildah (cached); tests/images runs them. Exit 3:
 # buildah cannot be installed here, and the image tests skip saying so.
 scripts/build-images.sh || [ $? -eq 3 ]
-# The tests run the compiled data path (what the router image ships): a missing or stale
-# build fails them rather than skipping.
+# The tests run the compiled data path (what the router image ships), which setup.sh built: a
+# missing or stale build stops here rather than skipping tests.
 export PDX_REQUIRE_NATIVE=1
-.venv/bin/python scripts/build_router_native.py
+.venv/bin/python scripts/build_router_native.py --check
 .venv/bin/ruff check .
 .venv/bin/mypy
 .venv/bin/pytest -q -p no:cacheprovider "$@"
