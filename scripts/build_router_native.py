@@ -41,6 +41,7 @@ def build(out: Path) -> None:
     from setuptools import setup  # type: ignore[import-untyped]
 
     files = [f"pdx_router/{name}.py" for name in native.COMPILED]
+    made = native.manifest()  # before compiling: an edit during the build leaves it stale
     with tempfile.TemporaryDirectory(prefix="pdx-mypyc-") as tmp:
         os.environ["MYPY_CACHE_DIR"] = str(Path(tmp) / "mypy-cache")
         cwd = Path.cwd()
@@ -69,7 +70,7 @@ def build(out: Path) -> None:
         staging.mkdir()
         for so in built:
             shutil.copy2(so, staging / so.name)
-        (staging / native.MANIFEST).write_text(json.dumps(native.manifest(), indent=1) + "\n")
+        (staging / native.MANIFEST).write_text(json.dumps(made, indent=1) + "\n")
         shutil.rmtree(out, ignore_errors=True)
         staging.rename(out)
 
