@@ -50,7 +50,7 @@ from pdx.local.topology import free_port  # ports no other socket can take first
 PY = sys.executable
 CACHE = Path(tempfile.gettempdir()) / "pdx-bench-upstream" / "disagg_proxy_multiturn.py"
 THINK_MS = 0.0  # --think-ms: mean pause between a turn's end and the next (agent tool time)
-OUTPUT_TOKENS = 48
+OUTPUT_TOKENS = 48  # --output-tokens: streamed tokens a turn
 PEERS = Path.home() / ".cache" / "pdx" / "peers" / "venv"
 PEER_PINS = ("vllm-router==0.1.17", "smg==1.13.0")
 
@@ -630,6 +630,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    global THINK_MS, OUTPUT_TOKENS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
@@ -647,12 +648,14 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", help="targets to run besides direct (default: all)")
     ap.add_argument("--think-ms", type=float, default=0.0, help="mean pause between turns (default: none)")
     ap.add_argument(
+        "--output-tokens", type=int, default=OUTPUT_TOKENS, help="streamed tokens a turn (split per-chunk cost)"
+    )
+    ap.add_argument(
         "--baseline-src",
         help="source tree of another revision (git worktree add DIR REV): its router runs as pdx-router@base",
     )
     args = ap.parse_args()
-    global THINK_MS
-    THINK_MS = args.think_ms
+    THINK_MS, OUTPUT_TOKENS = args.think_ms, args.output_tokens
     # A killed benchmark still stops its engines and proxies (the finally in main_async).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:

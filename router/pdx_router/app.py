@@ -373,7 +373,7 @@ class Router:
                 raise UpstreamError(decode, None, repr(relay.failed)) from relay.failed
             if relay.error_body is not None:
                 while not (relay.ended or relay.failed):
-                    relay.release(None, True)
+                    relay.release(None)
                     await relay.wait()
                 if relay.failed:
                     raise UpstreamError(decode, None, repr(relay.failed)) from relay.failed
@@ -396,7 +396,7 @@ class Router:
         """The coroutine's part of the relay: whatever the callbacks held (see relay.py)."""
         filt = relay.filt
         while True:
-            relay.release(out.transport, out.chunked)  # (None until the head has left)
+            relay.release(out)
             await relay.wait()
             for block in relay.take():
                 if not relay.stored and filt.captured.kv is not None:

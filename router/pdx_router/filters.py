@@ -181,7 +181,7 @@ class StreamFilter:
         rather than once per SSE line. An unfinished line, or an event not yet ended by its
         empty line from its first data line on, waits for the next block: kept as the blocks
         came and joined once, when it is whole, so a long event costs time linear in its size."""
-        whole = not self._held and data[-2:] == b"\n\n" and not self.oversized and len(data) <= self.max_line_bytes
+        whole = not self._held and data.endswith(b"\n\n") and not self.oversized and len(data) <= self.max_line_bytes
         # Whole events naming no field (most of a stream): as _take and _ready would, in one step.
         if whole and data.find(_KV_NAME) < 0 and data.find(b"\\") < 0:
             if not self._ids or data.find(_ID_NAME) < 0:

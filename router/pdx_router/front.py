@@ -157,6 +157,27 @@ class Stream:
         elif framed:
             conn.transport.write(framed)
 
+    def put(self, block: bytes, framed: bytes | None) -> bool:
+        """The relay's write of one block, once the head has left; `framed`: the block with
+        its chunked framing already (as decode sent it). False: the client has gone."""
+        conn, transport = self._conn, self.transport
+        if conn is None or transport is None or conn.transport is None or conn.eof:
+            return False
+        try:
+            if not self.chunked:
+                transport.write(block)
+            elif framed is not None:
+                transport.write(framed)
+            else:
+                transport.write(b"".join((b"%x\r\n" % len(block), block, b"\r\n")))
+        except RuntimeError:  # uvloop: the socket closed on an error, connection_lost not yet run
+            return False
+        return True
+
+    def backed_up(self) -> bool:
+        """The client's socket holds more than the transport's high mark: wait for drain()."""
+        return self._conn is not None and self._conn.write_paused
+
     async def drain(self) -> None:
         """Until the client has taken what is queued (down to the transport's low mark)."""
         assert self._conn is not None
@@ -243,7 +264,8 @@ class _Conn(asyncio.Protocol):
         self._timer_idle = False  # the running timer is the keep-alive's, not the header timeout
         self._paused_reading = False
         self._drain: asyncio.Future[None] | None = None
-        self._write_paused = False
+        self.write_paused = False
+        self.eof = False  # the client half-closed: its transport is closing
         self.version_11 = True
         self.keep_alive = True
         self.stream: Stream | None = None  # the request's answer, once it is a stream
@@ -287,6 +309,7 @@ class _Conn(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         """The client's end: the connection closes, and a request being served is cancelled
         (a client that half-closes is taken as gone, as aiohttp's server did)."""
+        self.eof = True
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -304,17 +327,17 @@ class _Conn(asyncio.Protocol):
             self._drain.set_exception(ConnectionResetError("the client has gone"))
 
     def pause_writing(self) -> None:
-        self._write_paused = True
+        self.write_paused = True
 
     def resume_writing(self) -> None:
-        self._write_paused = False
+        self.write_paused = False
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
 
     async def drained(self) -> None:
         if self.transport is None:
             raise ConnectionResetError("the client has gone")
-        if self._write_paused:
+        if self.write_paused:
             self._drain = asyncio.get_running_loop().create_future()
             try:
                 await self._drain
@@ -413,7 +436,8 @@ class _Conn(asyncio.Protocol):
             rest = data[len(take) :]
         else:
             try:
-                piece, whole = body.feed(data)
+                piece = body.feed(data)
+                whole = body.whole
             except WireError as exc:
                 req._fail(Refused(400, f"the request body's chunked framing is broken: {exc}"))
                 self.keep_alive = False

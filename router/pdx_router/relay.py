@@ -16,15 +16,15 @@ import asyncio
 from collections.abc import Callable
 
 from .filters import StreamFilter
-from .wire import Call, Head
+from .front import Stream
+from .wire import Call, Head, Sink
 
-HIGH_WATER = 1 << 16  # bytes queued for a slow client before decode is paused
 
-
-class StreamRelay:
+class StreamRelay(Sink):
     """A `wire.Sink` for decode's streamed answer."""
 
     def __init__(self, filt: StreamFilter, limit: int, on_first: Callable[[], None]) -> None:
+        super().__init__()
         self.filt = filt
         self.limit = limit  # an error answer is kept whole up to this
         self.on_first = on_first  # the first data line reaches the client (TTFT)
@@ -34,13 +34,12 @@ class StreamRelay:
         self.error_body: list[bytes] | None = None  # an answer of status >= 400, kept whole
         self.error_size = 0
         self.pending: list[bytes] = []  # filtered, for the coroutine to write
-        self.last = b""  # the end of decode's bytes so far: a whole stream ends with [DONE]
+        self.last = b""  # decode's last block, or its last 16 bytes: a whole stream ends with [DONE]
         self.ended = False
         self.failed: Exception | None = None
         self.client_gone = False
         self.stored = False  # the entry is stored (or nothing to store): the end may pass
-        self._out: asyncio.Transport | None = None  # the client's socket, while the relay writes itself
-        self._chunked = True
+        self._out: Stream | None = None  # the client's answer, while the relay writes to it itself
         self.held = False  # the callbacks write nothing and decode is paused until release()
         self._wake: asyncio.Future[None] | None = None
 
@@ -52,15 +51,14 @@ class StreamRelay:
             self.error_body = []
         self._hold()
 
-    def body(self, data: bytes) -> None:
+    def body(self, data: bytes, framed: bytes | None) -> None:
         if self.error_body is not None:
             self.error_body.append(data)
             self.error_size += len(data)
             if self.error_size > self.limit:
                 self.fail(ConnectionError(f"error answer above {self.limit} bytes"))
             return
-        last = self.last
-        self.last = data[-16:] if len(data) >= 16 else (last + data)[-16:]
+        self.last = data if len(data) >= 16 else (self.last + data)[-16:]  # (no copy per block)
         filt = self.filt
         block = filt.feed(data)
         out = self._out
@@ -70,16 +68,16 @@ class StreamRelay:
             return
         if not block:
             return
-        if out.is_closing():
+        # A block the filter passed untouched goes on with decode's own chunk framing.
+        if not out.put(block, framed if block is data else None):
             self.client_gone = True
             self.pending.append(block)
             self._hold()
             return
-        out.write(b"".join((b"%x\r\n" % len(block), block, b"\r\n")) if self._chunked else block)
         if self.first and block.find(b"data:") >= 0:  # the space after data: is optional
             self.first = False
             self.on_first()
-        if out.get_write_buffer_size() > HIGH_WATER:
+        if out.backed_up():
             self._hold()  # the coroutine waits for the client to drain
 
     def end(self) -> None:
@@ -118,13 +116,13 @@ class StreamRelay:
         out, self.pending = self.pending, []
         return out
 
-    def release(self, transport: asyncio.Transport | None, chunked: bool) -> None:
-        """Let decode's bytes come again; with the client's socket, the relay writes them to
-        it itself (after the first write, which carries the status line and headers).
+    def release(self, out: Stream | None) -> None:
+        """Let decode's bytes come again; with the client's answer, the relay writes them to
+        it itself (once its first write, which carries the status line and headers, has left).
         While something is still for the coroutine (blocks held, the end, a failure), it stays
         held: no callback would come to wake it (one read may bring the head, the body and
         the end at once)."""
-        self._out, self._chunked = transport, chunked
+        self._out = out if out is not None and out.transport is not None else None
         if self.pending or self.ended or self.failed is not None or self.client_gone:
             self._out = None
             return

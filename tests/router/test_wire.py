@@ -86,8 +86,8 @@ def chunks(*parts: bytes) -> bytes:
 def decode_all(data: bytes, step: int) -> tuple[bytes, bool]:
     c, out, whole = Chunked(), [], False
     for i in range(0, len(data), step):
-        block, whole = c.feed(data[i : i + step])
-        out.append(block)
+        out.append(c.feed(data[i : i + step]))
+        whole = c.whole
     return b"".join(out), whole
 
 
@@ -100,7 +100,18 @@ def test_a_chunked_body_reads_the_same_however_the_socket_splits_it() -> None:
 def test_a_chunked_body_read_one_whole_chunk_at_a_time_reads_the_same() -> None:
     c, parts = Chunked(), [b"data: {}\n\n", b"y" * 4000, b"data: [DONE]\n\n"]
     reads = [b"%x\r\n%s\r\n" % (len(p), p) for p in parts] + [b"0\r\n\r\n"]
-    assert [c.feed(r) for r in reads] == [(p, False) for p in parts] + [(b"", True)]
+    assert [(c.feed(r), c.whole) for r in reads] == [(p, False) for p in parts] + [(b"", True)]
+
+
+def test_a_read_of_exactly_one_chunk_is_marked_so_it_can_be_sent_on_framed_as_it_came() -> None:
+    c = Chunked()
+    for read, block in [(b"00A\r\n0123456789\r\n", b"0123456789"), (b"b\r\nhello world\r\n", b"hello world")]:
+        assert (c.feed(read), c.one_chunk) == (block, True)
+    # Two chunks in one read, a chunk cut short, a size with an extension: not one chunk.
+    for read in (b"1\r\na\r\n1\r\nb\r\n", b"5\r\nhel", b"lo\r\n", b"2;x=1\r\nhi\r\n"):
+        c.feed(read)
+        assert not c.one_chunk, read
+    assert not c.whole
 
 
 def test_chunk_extensions_and_trailers_are_read_and_dropped() -> None:
