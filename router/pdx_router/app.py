@@ -26,7 +26,7 @@ from .config import ConfigError, RouterConfig
 from .discovery import Discovery, Pool
 from .endpoints import Endpoint
 from .entries import Captured, Entry
-from .errors import ConnectTimeout
+from .errors import ClientFacingError, EngineTimeout, MalformedAnswer, NoEngines, UpstreamError
 from .filters import StreamFilter, filter_response, well_formed_kv
 from .front import Answer, Request, Routes, Server, Stream, error_body, json_answer
 from .ids import IdText, of_list
@@ -39,10 +39,7 @@ from .policy.trust import TokenizerTrust
 from .relay import StreamRelay
 from .store import MemoryStore, RedisStore, Store
 from .upstream import (
-    ClientFacingError,
-    MalformedAnswer,
     Upstream,
-    UpstreamError,
     check_status,
     json_object,
     tokenized_ids,
@@ -68,25 +65,6 @@ class Prefilled:
     attempt: Attempt  # its outcome is the turn's
     prefill_ms: float
     started: float  # perf_counter() when the request arrived
-
-
-class NoEngines(Exception):
-    pass
-
-
-class EngineTimeout(UpstreamError):
-    """No answer within upstreamTimeoutSeconds. The turn's time is spent, so it is not retried:
-    the client gets 504 naming the role (its URL goes to the log only). The engine is not taken
-    out: slow is not gone."""
-
-    def __init__(self, ep: Endpoint, seconds: float) -> None:
-        self.message = f"the {ep.role} engine timed out: no answer within upstreamTimeoutSeconds ({seconds:g} s)"
-        super().__init__(ep, None, self.message)
-
-
-def _is_timeout(exc: BaseException | None) -> bool:
-    """The total timeout ran out (a connect timeout is an engine that cannot be reached)."""
-    return isinstance(exc, TimeoutError) and not isinstance(exc, ConnectTimeout)
 
 
 class Router:
@@ -320,7 +298,7 @@ class Router:
         try:
             return await self.upstream.post_json(ep, path, body, ask.headers)
         except UpstreamError as exc:
-            if _is_timeout(exc.__cause__):
+            if exc.timed_out:
                 raise EngineTimeout(ep, self.cfg.upstream_timeout_seconds) from exc
             raise
         finally:
@@ -346,7 +324,7 @@ class Router:
             else:
                 out = await self._relay_json(ask, done, decode, body)
         except UpstreamError as exc:
-            if _is_timeout(exc.__cause__):
+            if exc.timed_out:
                 raise EngineTimeout(decode, self.cfg.upstream_timeout_seconds) from exc
             raise
         finally:
@@ -370,13 +348,13 @@ class Router:
             await relay.wait()
             head = relay.head_
             if head is None:  # failed before the status line
-                raise UpstreamError(decode, None, repr(relay.failed)) from relay.failed
+                raise UpstreamError(decode, None, repr(relay.failed), relay.failed) from relay.failed
             if relay.error_body is not None:
                 while not (relay.ended or relay.failed):
                     relay.release(None)
                     await relay.wait()
                 if relay.failed:
-                    raise UpstreamError(decode, None, repr(relay.failed)) from relay.failed
+                    raise UpstreamError(decode, None, repr(relay.failed), relay.failed) from relay.failed
                 check_status(decode, head, b"".join(relay.error_body))
             # Each filter reads one form: an answer whose Content-Type is not the form the
             # request asked for is refused, never relayed through the other form's filter.

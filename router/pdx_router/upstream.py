@@ -12,39 +12,10 @@ import aiohttp
 import orjson
 
 from .endpoints import Endpoint
-from .errors import TooBig, WireError
+from .errors import ClientFacingError, MalformedAnswer, TooBig, UpstreamError, WireError
 from .filters import MAX_ANSWER_BYTES, token_ids
 from .ids import IdText, of_json_beside, of_list
 from .wire import Call, Collect, Head, Sink, Wire
-
-
-class UpstreamError(Exception):
-    """An engine could not be reached or answered 5xx: the turn may be retried."""
-
-    def __init__(self, endpoint: Endpoint, status: int | None, detail: str) -> None:
-        super().__init__(f"{endpoint.role} {endpoint.url}: {status or 'connection'}: {detail}")
-        self.endpoint = endpoint
-        self.status = status  # None: the engine could not be reached (or its answer was cut)
-
-
-class MalformedAnswer(UpstreamError):
-    """The engine answered, but not what the protocol says (not JSON, not an object, the
-    wrong content type, cut short, too big, kv_transfer_params of the wrong shape). Never
-    retried as unreachable: the engine is up, its answer is wrong."""
-
-    def __init__(self, endpoint: Endpoint, status: int, detail: str) -> None:
-        super().__init__(endpoint, status, detail)
-        self.detail = detail  # what was wrong, without the engine's URL: the client sees it
-
-
-class ClientFacingError(Exception):
-    """An engine rejected the request itself (4xx): pass its answer to the client."""
-
-    def __init__(self, status: int, body: bytes, content_type: str) -> None:
-        super().__init__(f"engine answered {status}")
-        self.status = status
-        self.body = body
-        self.content_type = content_type
 
 
 class Upstream:
@@ -80,20 +51,18 @@ class Upstream:
         the timeout bounds the whole call (prefill, /tokenize); else the silence between
         bytes (a JSON decode answer may take longer to generate than the timeout)."""
         sink = Collect(self.max_answer_bytes)
-        call: Call | None = None
         try:
             async with asyncio.timeout(self.timeout_seconds if total else None):
-                call = sink.call = await self.wire.send(
+                sink.call = await self.wire.send(
                     ep.url, path, body, headers, sink, silence=None if total else self.timeout_seconds
                 )
                 raw = await sink.done
         except TooBig as exc:
             raise MalformedAnswer(ep, sink.head_.status if sink.head_ else 200, str(exc)) from None
         except (WireError, TimeoutError) as exc:
-            raise UpstreamError(ep, None, repr(exc)) from exc
+            raise UpstreamError(ep, None, repr(exc), exc) from exc
         finally:
-            if call is not None:
-                call.abort()  # timed out or cancelled, the engine aborts the request (a no-op once answered)
+            sink.abort()  # timed out or cancelled, the engine aborts the request (a no-op once answered)
         head = sink.head_
         assert head is not None
         check_status(ep, head, raw)
@@ -105,7 +74,7 @@ class Upstream:
         try:
             return await self.wire.send(ep.url, path, orjson.dumps(body), headers, sink, silence=self.timeout_seconds)
         except WireError as exc:
-            raise UpstreamError(ep, None, repr(exc)) from exc
+            raise UpstreamError(ep, None, repr(exc), exc) from exc
 
     def _s(self) -> aiohttp.ClientSession:
         assert self.session is not None, "Upstream.start() was not called"
