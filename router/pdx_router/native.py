@@ -1,6 +1,6 @@
 """Which build of the data path runs: compiled (mypyc) or the pure-Python modules.
 
-The modules a relayed chunk passes through (`COMPILED`) are compiled by
+The modules a request and its relayed chunks pass through (`COMPILED`) are compiled by
 `scripts/build_router_native.py` into `_native/`, beside a manifest of the digests of every
 source they were compiled from. A compiled module would shadow its `.py` if it sat beside
 it, so that an edit ran stale code; kept apart, it is put in front of the package's path only
@@ -18,7 +18,9 @@ import os
 import sysconfig
 from pathlib import Path
 
-COMPILED = ("wire", "relay", "filters", "front")  # pdx_router's modules that mypyc compiles
+# pdx_router's modules that mypyc compiles: those a request and its relayed chunks pass through.
+# Not the store (tests replace its methods), nor what runs once or off the request's path.
+COMPILED = ("wire", "relay", "filters", "front", "app", "upstream", "metrics", "ids", "entries", "endpoints")
 HERE = Path(__file__).resolve().parent
 FOLDER = "_native"  # the build's folder inside the package
 NATIVE_DIR = HERE / FOLDER

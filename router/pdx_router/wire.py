@@ -526,8 +526,14 @@ class Collect(Sink):
         if not self.done.done():
             self.done.set_exception(exc)
 
-    def _over(self, why: str) -> None:
+    def abort(self) -> None:
+        """Stop the call, if it was sent. A method, not an `if` in the caller's `finally`:
+        compiled, that `if` saw the type the try block's assignment narrowed the attribute
+        to, and failed on the None an exception before the assignment left (mypyc 2.4)."""
         if self.call is not None:
             self.call.abort()
+
+    def _over(self, why: str) -> None:
+        self.abort()
         if not self.done.done():
             self.done.set_exception(TooBig(why))

@@ -62,8 +62,8 @@ def test_no_build_and_the_pure_switch_each_say_so(package: Path) -> None:
 
 def _which(env: dict[str, str]) -> list[str]:
     code = (
-        "import pdx_router, pdx_router.wire as w, pdx_router.front as f, pdx_router.app as a\n"
-        "print(pdx_router.NATIVE); print(w.__file__); print(f.__file__); print(a.__file__)"
+        "import pdx_router, pdx_router.wire as w, pdx_router.app as a, pdx_router.store as s\n"
+        "print(pdx_router.NATIVE); print(w.__file__); print(a.__file__); print(s.__file__)"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return out.stdout.splitlines()
@@ -74,12 +74,12 @@ def test_the_router_imports_the_compiled_modules_when_built_and_the_py_files_whe
     if built != "compiled" and not REQUIRED:
         pytest.skip(f"data path not built here: {built}")
     env = {k: v for k, v in os.environ.items() if k != native.PURE_ENV}
-    state, wire, front, app = _which(env)
+    state, wire, app, store = _which(env)
     assert state == "compiled"
-    assert Path(wire).parent == Path(front).parent == native.NATIVE_DIR and wire.endswith(".so")
-    assert app.endswith("app.py")  # the rest of the router stays Python
-    state, wire, front, _ = _which({**env, native.PURE_ENV: "1"})
-    assert state.startswith("pure Python") and wire.endswith("wire.py") and front.endswith("front.py")
+    assert Path(wire).parent == Path(app).parent == native.NATIVE_DIR and wire.endswith(".so")
+    assert store.endswith("store.py")  # the rest of the router stays Python
+    state, wire, app, _ = _which({**env, native.PURE_ENV: "1"})
+    assert state.startswith("pure Python") and wire.endswith("wire.py") and app.endswith("app.py")
 
 
 def test_metrics_say_which_data_path_runs() -> None:
