@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -144,10 +144,13 @@ class Router:
 
     async def _complete(self, req: Request, path: str, is_chat: bool) -> Answer | Stream:
         started = time.perf_counter()
-        rid = shapes.request_id(req.headers.get("X-Request-ID"), uuid.uuid4().hex)
+        rid = shapes.request_id(req.headers.get("X-Request-ID"), os.urandom(16).hex())  # (as random as a uuid4)
         try:
-            async with asyncio.timeout(self.cfg.body_timeout_seconds):  # (wait_for would start a task)
+            if req.complete:  # the body came with the head: nothing to wait for, no timer
                 raw = await req.read()
+            else:
+                async with asyncio.timeout(self.cfg.body_timeout_seconds):  # (wait_for would start a task)
+                    raw = await req.read()
             body = orjson.loads(raw)
         except TimeoutError:
             seconds = self.cfg.body_timeout_seconds

@@ -103,6 +103,7 @@ class Metrics:
             self.reuse.labels(o)
         for reason in CLOSE_REASONS:
             self.connections_closed.labels(reason)
+        self._requests: dict[tuple[str, int], Counter] = {}  # (route, status) -> its child (a bounded set)
         self._counts = dict.fromkeys(REUSE_OUTCOMES, 0)
         self._tokenize_mismatches = 0
         self._prompt_ids = {"local": 0, "engine": 0}
@@ -122,7 +123,11 @@ class Metrics:
 
     def request(self, route: str | None, status: int) -> None:
         """One answered request; route is the matched route's path, None if none matched."""
-        self.requests.labels(route or UNMATCHED, status_label(status)).inc()
+        key = (route or UNMATCHED, status)
+        child = self._requests.get(key)
+        if child is None:  # labels() validates and locks each time: looked up once per pair
+            child = self._requests[key] = self.requests.labels(key[0], status_label(status))
+        child.inc()
 
     def prompt_ids_from(self, source: str) -> None:
         """A reuse candidate's prompt ids came from `local` (the router's tokenizer) or `engine`."""
