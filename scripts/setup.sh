@@ -13,7 +13,7 @@ pip=(.venv/bin/python -m pip install --quiet)
 "${pip[@]}" "torch==2.13.0+cpu" -e ".[operator,router,bench,engine,test]"
 "${pip[@]}" --no-deps "nixl==1.5.1"
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
-# The router's data path, compiled with mypyc (about 25 s; nothing when current). Without a
+# The router's data path, compiled with mypyc (about 50 s; nothing when current). Without a
 # C compiler the router runs its pure-Python modules, and says so when it starts.
 headers=$(.venv/bin/python -c 'import os, sysconfig; print(os.path.join(sysconfig.get_paths()["include"], "Python.h"))')
 if ! command -v cc >/dev/null || [ ! -f "$headers" ]; then
