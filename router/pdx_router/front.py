@@ -147,7 +147,7 @@ class Stream:
         assert conn is not None, "Stream.start(request) first"
         if conn.transport is None or conn.transport.is_closing():
             raise ConnectionResetError("the client has gone")
-        framed = b"".join((b"%x\r\n" % len(block), block, b"\r\n")) if self.chunked and block else block
+        framed = _chunk(block) if self.chunked and block else block
         if self._head_only:
             framed = b""
         if self.transport is None:
@@ -169,7 +169,7 @@ class Stream:
             elif framed is not None:
                 transport.write(framed)
             else:
-                transport.write(b"".join((b"%x\r\n" % len(block), block, b"\r\n")))
+                transport.write(_chunk(block))
         except RuntimeError:  # uvloop: the socket closed on an error, connection_lost not yet run
             return False
         return True
@@ -582,6 +582,11 @@ def _framing(headers: CIMultiDict[str], version_11: bool) -> Chunked | int | Non
     if len(set(cl)) != 1 or not cl[0].isdigit() or not cl[0].isascii():
         raise Refused(400, "Content-Length must be one decimal number")
     return int(cl[0]) or None
+
+
+def _chunk(block: bytes) -> bytes:
+    """One block in chunked transfer coding."""
+    return b"".join((b"%x\r\n" % len(block), block, b"\r\n"))
 
 
 def _too_big(limit: int) -> Refused:
