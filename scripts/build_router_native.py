@@ -38,7 +38,7 @@ from pdx_router import native  # noqa: E402  (from this tree, whatever is instal
 def build(out: Path) -> None:
     """mypycify + setuptools' build_ext, in a scratch directory; the extensions land in `out`."""
     from mypyc.build import mypycify
-    from setuptools import setup  # type: ignore[import-untyped]
+    from setuptools import Extension, setup  # type: ignore[import-untyped]
 
     files = [f"pdx_router/{name}.py" for name in native.COMPILED]
     made = native.manifest()  # before compiling: an edit during the build leaves it stale
@@ -55,6 +55,11 @@ def build(out: Path) -> None:
             # mypyc's notes that a generator is compiled as a list say nothing to do; the rest is shown.
             notes = said.getvalue().splitlines(True)
             print("".join(line for line in notes if "Treating generator" not in line), end="")
+            # The C modules beside them, each its own extension (pdx_router.scan, ...).
+            exts += [
+                Extension(f"pdx_router.{name}", [f"pdx_router/{name}.c"], extra_compile_args=["-O2"])
+                for name in native.C_MODULES
+            ]
             setup(
                 name="pdx-router-native",
                 ext_modules=exts,
@@ -63,8 +68,9 @@ def build(out: Path) -> None:
         finally:
             os.chdir(cwd)
         built = sorted((Path(tmp) / "lib" / "pdx_router").glob("*.so"))
-        if len(built) != len(native.COMPILED) + 1:
-            raise SystemExit(f"build_router_native: expected {len(native.COMPILED) + 1} extensions, got {built}")
+        expected = len(native.COMPILED) + 1 + len(native.C_MODULES)  # + mypyc's shared library
+        if len(built) != expected:
+            raise SystemExit(f"build_router_native: expected {expected} extensions, got {built}")
         staging = out.with_name(out.name + ".new")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
@@ -92,7 +98,8 @@ def main() -> None:
     after = native.state(env={})
     if after != "compiled":
         raise SystemExit(f"build_router_native: built, but {after}")
-    print(f"pdx-router data path: compiled {', '.join(native.COMPILED)} in {time.monotonic() - t0:.0f} s")
+    names = ", ".join([*native.COMPILED, *(f"{name} (C)" for name in native.C_MODULES)])
+    print(f"pdx-router data path: compiled {names} in {time.monotonic() - t0:.0f} s")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from prometheus_client import generate_latest
@@ -45,7 +45,7 @@ from .upstream import (
     tokenized_ids,
 )
 
-log = logging.getLogger("pdx_router")
+log: Final = logging.getLogger("pdx_router")
 
 
 def make_store(cfg: RouterConfig) -> Store:

@@ -6,7 +6,7 @@ import struct
 import sys
 from array import array
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -21,15 +21,15 @@ from .ids import IdText
 # dataclass, the kv dict, the store's key and bookkeeping), the kv's JSON size for its other
 # fields, and each block id as a Python int in a list (~32 bytes: vLLM's blocks of 16 give a
 # 16k-token entry 1024 of them). The ids are their text (`ids.IdText`): a byte each.
-ENTRY_OVERHEAD_BYTES = 1024
-BLOCK_ID_BYTES = 32
+ENTRY_OVERHEAD_BYTES: Final = 1024
+BLOCK_ID_BYTES: Final = 32
 
 # The Redis value: a version byte, the length of the JSON header, the header, then the ids.
 # Version 2 holds their text; version 1 (little-endian uint32s) and the JSON object of earlier
 # routers (first byte `{`) are still read, so routers can be upgraded while Redis holds entries.
-_TEXT_V2 = b"\x02"
-_BINARY_V1 = b"\x01"
-_HEADER_LEN = struct.Struct("<I")
+_TEXT_V2: Final = b"\x02"
+_BINARY_V1: Final = b"\x01"
+_HEADER_LEN: Final = struct.Struct("<I")
 
 
 def _ids_from_le(data: bytes | memoryview) -> IdText:

@@ -10,32 +10,38 @@ any valid JSON form (spaces, key order, escaped keys, other number forms) reads 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
+from . import scan
 from .entries import Captured
 from .errors import NotCompact
 from .ids import IdText, of_list
 
 # What a line must contain to be worth a look, in any JSON form: a field's bare name, or a
 # \u escape (a key may be spelled `"token\u005fids"`).
-_KV_NAME = b"kv_transfer_params"
-_ID_NAME = b"token_ids"  # in both id fields: one search rules both out
-_ESCAPE = b"\\u"
-_PROMPT = b'"prompt_'
-_DATA_OBJ = b"data: {"
-_ONE_ID = re.compile(rb',"token_ids":\[(0|[1-9][0-9]{0,9})\]')  # one id, as vLLM writes it
-_INT_LIST = b"0123456789,[]"  # what a compact list of ints is made of
+_KV_NAME: Final = b"kv_transfer_params"
+_ID_NAME: Final = b"token_ids"  # in both id fields: one search rules both out
+_ESCAPE: Final = b"\\u"
+_PROMPT: Final = b'"prompt_'
+_DATA_OBJ: Final = b"data: {"
+_ONE_ID: Final = re.compile(rb',"token_ids":\[(0|[1-9][0-9]{0,9})\]')  # one id, as vLLM writes it
+_INT_LIST: Final = b"0123456789,[]"  # what a compact list of ints is made of
 _MISSING: Any = object()
-_DIGITS_COMMAS = b"0123456789,"  # a JSON list of non-negative ints, its brackets taken off
-_BLANK = (b"\n\n", b"\n\r", b"\r\r")  # a line end, then an empty line: an SSE event ends
-_EOLS = (b"\n", b"\r\n", b"\r")  # an empty line, as splitlines() gives it
+_DIGITS_COMMAS: Final = b"0123456789,"  # a JSON list of non-negative ints, its brackets taken off
+_BLANK: Final = (b"\n\n", b"\n\r", b"\r\r")  # a line end, then an empty line: an SSE event ends
+_EOLS: Final = (b"\n", b"\r\n", b"\r")  # an empty line, as splitlines() gives it
+# The fast path's one search per block (scan.c when built); held in statics, not looked up.
+_marks: Final = scan.marks
+_NAMED: Final = scan.KV | scan.BACKSLASH
+_NOT_ONE_LINE: Final = scan.LINES | scan.CR
+_IDS: Final = scan.IDS
 # The most of one engine answer the router holds in memory: a non-streamed answer, or one
 # line of a stream (a prefill answer is one token; a long decode answer with logprobs is a
 # few MB). Above it the answer is malformed: the turn fails with 502, nothing is stored.
-MAX_ANSWER_BYTES = 64 << 20
-_MAX_TOKENS = 1 << 31  # no context is this long: a count above it is not a count
+MAX_ANSWER_BYTES: Final = 64 << 20
+_MAX_TOKENS: Final = 1 << 31  # no context is this long: a count above it is not a count
 
 
 def token_ids(value: Any) -> list[int] | None:
@@ -183,11 +189,12 @@ class StreamFilter:
         came and joined once, when it is whole, so a long event costs time linear in its size."""
         whole = not self._held and data.endswith(b"\n\n") and not self.oversized and len(data) <= self.max_line_bytes
         # Whole events naming no field (most of a stream): as _take and _ready would, in one step.
-        if whole and data.find(_KV_NAME) < 0 and data.find(b"\\") < 0:
-            if not self._ids or data.find(_ID_NAME) < 0:
+        found = _marks(data) if whole else 0
+        if whole and not found & _NAMED:
+            if not self._ids or not found & _IDS:
                 self._event = False
                 return data
-            if data.find(b"\n") == len(data) - 2 and data.startswith(_DATA_OBJ) and data.find(b"\r") < 0:
+            if not found & _NOT_ONE_LINE and data.startswith(_DATA_OBJ):
                 try:  # a streamed token's event: one compact data line (see _ready)
                     out = self._compact(data)
                     self._event = False

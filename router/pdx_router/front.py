@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any, Final, cast
 from urllib.parse import parse_qsl
 
 import orjson
@@ -35,17 +35,18 @@ from .errors import Refused, WireError
 from .metrics import Metrics
 from .wire import Chunked
 
-log = logging.getLogger("pdx_router")
+log: Final = logging.getLogger("pdx_router")
 
-MAX_LINE = 8190  # a request line or one header line (aiohttp's limit before: clients see the same)
-MAX_HEAD = 64 << 10  # all of a request's head
-KEEPALIVE_SECONDS = 3630.0  # an idle kept-alive connection: above any load balancer's idle timeout (aiohttp's, before)
-READ_AHEAD = 1 << 16  # bytes buffered past the request being served before reading pauses
+MAX_LINE: Final = 8190  # a request line or one header line (aiohttp's limit before: clients see the same)
+MAX_HEAD: Final = 64 << 10  # all of a request's head
+# An idle kept-alive connection: above any load balancer's idle timeout (aiohttp's, before).
+KEEPALIVE_SECONDS: Final = 3630.0
+READ_AHEAD: Final = 1 << 16  # bytes buffered past the request being served before reading pauses
 
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # controls other than HTAB (obs-text is allowed)
-_FULL = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-_SLOW = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_BAD_VALUE: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # controls other than HTAB (obs-text is allowed)
+_FULL: Final = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+_SLOW: Final = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 
 class Request:

@@ -14,14 +14,14 @@ after checking that, and re-encodes anything else.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NewType
+from typing import Any, Final, NewType
 
 import orjson
 
 IdText = NewType("IdText", bytes)  # canonical ids, no brackets; b"" is no ids
 
-EMPTY = IdText(b"")
-_DIGITS_AND_COMMAS = b"0123456789,"
+EMPTY: Final = IdText(b"")
+_DIGITS_AND_COMMAS: Final = b"0123456789,"
 
 
 def of_list(ids: Sequence[int]) -> IdText:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Literal
+from typing import Final, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -12,14 +12,14 @@ from pdx_contract.stats import REUSE_OUTCOMES, GapSummary, PromptIdSources, Reus
 from . import NATIVE
 from .policy import Outcome
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-_GAP_BUCKETS = (1, 5, 10, 30, 60, 120, 240, 300, 450, 480, 600, 1200, 3600)
+_LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_GAP_BUCKETS: Final = (1, 5, 10, 30, 60, 120, 240, 300, 450, 480, 600, 1200, 3600)
 # The statuses counted by their own number: the router's own, and the engine 4xx a client is
 # likeliest to see passed on. Any other is counted by its class (4xx, 5xx): a label's values
 # stay few whatever engines or clients do.
-_STATUSES = frozenset({200, 400, 401, 403, 404, 405, 408, 413, 422, 429, 500, 502, 503, 504})
-CLOSE_REASONS = ("max_connections", "header_timeout")
-UNMATCHED = "unmatched"  # the route label of every request no route matched (404, 405)
+_STATUSES: Final = frozenset({200, 400, 401, 403, 404, 405, 408, 413, 422, 429, 500, 502, 503, 504})
+CLOSE_REASONS: Final = ("max_connections", "header_timeout")
+UNMATCHED: Final = "unmatched"  # the route label of every request no route matched (404, 405)
 
 
 class Metrics:

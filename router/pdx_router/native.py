@@ -21,6 +21,8 @@ from pathlib import Path
 # pdx_router's modules that mypyc compiles: those a request and its relayed chunks pass through.
 # Not the store (tests replace its methods), nor what runs once or off the request's path.
 COMPILED = ("wire", "relay", "filters", "front", "app", "upstream", "metrics", "ids", "entries", "endpoints")
+# Modules written in C beside a `.py` twin of the same name (what runs unbuilt or pure).
+C_MODULES = ("scan",)
 HERE = Path(__file__).resolve().parent
 FOLDER = "_native"  # the build's folder inside the package
 NATIVE_DIR = HERE / FOLDER
@@ -29,18 +31,19 @@ PURE_ENV = "PDX_ROUTER_PURE"
 
 
 def sources(package_dir: Path = HERE) -> dict[str, str]:
-    """sha256 of every module of the package: a compiled module depends on the types of
-    the modules it imports, so any edit makes the build stale."""
+    """sha256 of every module of the package (and of the C sources): a compiled module
+    depends on the types of the modules it imports, so any edit makes the build stale."""
     return {
         p.relative_to(package_dir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(package_dir.rglob("*.py"))
+        for p in sorted([*package_dir.rglob("*.py"), *package_dir.rglob("*.c")])
         if FOLDER not in p.parts
     }
 
 
 def manifest(package_dir: Path = HERE) -> dict[str, object]:
     """What a build records of the sources and interpreter it was made from."""
-    return {"abi": sysconfig.get_config_var("EXT_SUFFIX"), "modules": list(COMPILED), "sources": sources(package_dir)}
+    abi = sysconfig.get_config_var("EXT_SUFFIX")
+    return {"abi": abi, "modules": [*COMPILED, *C_MODULES], "sources": sources(package_dir)}
 
 
 def state(package_dir: Path = HERE, env: dict[str, str] | None = None) -> str:
@@ -52,7 +55,7 @@ def state(package_dir: Path = HERE, env: dict[str, str] | None = None) -> str:
     if not path.exists():
         return "pure Python (not compiled; scripts/build_router_native.py compiles it)"
     built = json.loads(path.read_bytes())
-    if built.get("abi") != sysconfig.get_config_var("EXT_SUFFIX") or built.get("modules") != list(COMPILED):
+    if built.get("abi") != sysconfig.get_config_var("EXT_SUFFIX") or built.get("modules") != [*COMPILED, *C_MODULES]:
         return "pure Python (compiled for another Python or module list; rebuild: scripts/build_router_native.py)"
     old: dict[str, str] = built.get("sources", {})
     now = sources(package_dir)

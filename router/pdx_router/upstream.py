@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import orjson
@@ -93,7 +93,7 @@ def check_status(ep: Endpoint, head: Head, raw: bytes) -> None:
         raise ClientFacingError(head.status, raw, head.content_type)
 
 
-_TOKENS = b'"tokens":['
+_TOKENS: Final = b'"tokens":['
 
 
 def tokenized_ids(raw: bytes, known: IdText) -> IdText | None:
@@ -130,7 +130,7 @@ def json_object(ep: Endpoint, status: int, raw: bytes) -> dict[str, Any]:
     return out
 
 
-_BLOCK_SIZE_RE = re.compile(rb'vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"')
+_BLOCK_SIZE_RE: Final = re.compile(rb'vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"')
 
 
 def block_size_from_metrics(text: bytes) -> int | None:

@@ -20,14 +20,14 @@ import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import cast
+from typing import Final, cast
 from urllib.parse import urlsplit
 
 from .errors import ConnectTimeout, TooBig, WireError
 
-MAX_HEAD_BYTES = 64 << 10  # status line and headers: vLLM's are a few hundred bytes
-_HEX = b"0123456789abcdefABCDEF"
-_MAX_CHUNK_LINE = 4096  # a chunk-size line with its extensions
+MAX_HEAD_BYTES: Final = 64 << 10  # status line and headers: vLLM's are a few hundred bytes
+_HEX: Final = b"0123456789abcdefABCDEF"
+_MAX_CHUNK_LINE: Final = 4096  # a chunk-size line with its extensions
 
 
 @dataclass(frozen=True, slots=True)
