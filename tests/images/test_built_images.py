@@ -91,13 +91,14 @@ def test_the_router_image_runs_its_compiled_data_path(images: dict[str, Image]) 
     """Built in the image's build stage for its own Python, and current for the sources the
     wheel installed (else pdx_router would fall back to the .py files)."""
     script = (
-        "import pdx_router as p, pdx_router.app as a, pdx_router.store as s\n"
-        "print(p.NATIVE, a.__file__, s.__file__, sep='\\n')"
+        "import pdx_router as p, pdx_router.app as a, pdx_router.scan as c, pdx_router.store as s\n"
+        "print(p.NATIVE, a.__file__, c.__file__, s.__file__, sep='\\n')"
     )
-    state, app, store = _inside(images["router"], script).splitlines()
+    state, app, scan, store = _inside(images["router"], script).splitlines()
     assert state == "compiled", state
-    # The request's path is compiled (native.COMPILED); the store, for one, stays Python.
+    # The request's path is compiled (native.COMPILED, and scan.c); the store, for one, stays Python.
     assert app.endswith(".so") and "/pdx_router/_native/" in app and store.endswith("/pdx_router/store.py")
+    assert scan.endswith(".so") and "/pdx_router/_native/" in scan
 
 
 def test_final_stage_has_no_compilers_or_build_leftovers(image: Image) -> None:

@@ -46,6 +46,12 @@ def test_a_new_module_makes_the_build_stale(package: Path) -> None:
     assert "extra.py changed since the build" in native.state(package, env={})
 
 
+def test_an_edited_c_source_makes_the_build_stale(package: Path) -> None:
+    scan = package / "scan.c"
+    scan.write_text(scan.read_text() + "\n/* an edit */\n")
+    assert native.state(package, env={}).startswith("pure Python (scan.c changed since the build")
+
+
 def test_a_build_for_another_interpreter_is_not_used(package: Path) -> None:
     path = package / native.FOLDER / native.MANIFEST
     built = json.loads(path.read_text())
@@ -62,8 +68,8 @@ def test_no_build_and_the_pure_switch_each_say_so(package: Path) -> None:
 
 def _which(env: dict[str, str]) -> list[str]:
     code = (
-        "import pdx_router, pdx_router.wire as w, pdx_router.app as a, pdx_router.store as s\n"
-        "print(pdx_router.NATIVE); print(w.__file__); print(a.__file__); print(s.__file__)"
+        "import pdx_router, pdx_router.wire as w, pdx_router.app as a, pdx_router.store as s, pdx_router.scan as c\n"
+        "print(pdx_router.NATIVE); print(w.__file__); print(a.__file__); print(s.__file__); print(c.__file__)"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return out.stdout.splitlines()
@@ -74,12 +80,14 @@ def test_the_router_imports_the_compiled_modules_when_built_and_the_py_files_whe
     if built != "compiled" and not REQUIRED:
         pytest.skip(f"data path not built here: {built}")
     env = {k: v for k, v in os.environ.items() if k != native.PURE_ENV}
-    state, wire, app, store = _which(env)
+    state, wire, app, store, scan = _which(env)
     assert state == "compiled"
-    assert Path(wire).parent == Path(app).parent == native.NATIVE_DIR and wire.endswith(".so")
+    assert Path(wire).parent == Path(app).parent == Path(scan).parent == native.NATIVE_DIR and wire.endswith(".so")
+    assert scan.endswith(".so")  # scan.c, in front of its .py twin
     assert store.endswith("store.py")  # the rest of the router stays Python
-    state, wire, app, _ = _which({**env, native.PURE_ENV: "1"})
+    state, wire, app, _, scan = _which({**env, native.PURE_ENV: "1"})
     assert state.startswith("pure Python") and wire.endswith("wire.py") and app.endswith("app.py")
+    assert scan.endswith("scan.py")
 
 
 def test_metrics_say_which_data_path_runs() -> None:
