@@ -6,7 +6,7 @@ name, a CR, and a line feed before the block's last two bytes (more than one lin
 build (scripts/build_router_native.py) compiles `scan.c`, which does the same with
 `memchr`/`memmem` in one C call; like the mypyc modules, it shadows this file while the
 build is current. Why C: in CPython 3.11 every `bytes.find` packs its arguments into a tuple
-and parses them, and the three or five per block cost more than the rest of the filter.
+and parses them, and the filter's two to five per block cost more than the rest of it.
 """
 
 from __future__ import annotations
