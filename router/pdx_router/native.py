@@ -23,6 +23,7 @@ from pathlib import Path
 COMPILED = ("wire", "relay", "filters", "front", "app", "upstream", "metrics", "ids", "entries", "endpoints")
 # Modules written in C beside a `.py` twin of the same name (what runs unbuilt or pure).
 C_MODULES = ("scan",)
+BUILT = (*COMPILED, *C_MODULES)  # every module a build holds, as its manifest lists them
 HERE = Path(__file__).resolve().parent
 FOLDER = "_native"  # the build's folder inside the package
 NATIVE_DIR = HERE / FOLDER
@@ -43,7 +44,7 @@ def sources(package_dir: Path = HERE) -> dict[str, str]:
 def manifest(package_dir: Path = HERE) -> dict[str, object]:
     """What a build records of the sources and interpreter it was made from."""
     abi = sysconfig.get_config_var("EXT_SUFFIX")
-    return {"abi": abi, "modules": [*COMPILED, *C_MODULES], "sources": sources(package_dir)}
+    return {"abi": abi, "modules": list(BUILT), "sources": sources(package_dir)}
 
 
 def state(package_dir: Path = HERE, env: dict[str, str] | None = None) -> str:
@@ -55,7 +56,7 @@ def state(package_dir: Path = HERE, env: dict[str, str] | None = None) -> str:
     if not path.exists():
         return "pure Python (not compiled; scripts/build_router_native.py compiles it)"
     built = json.loads(path.read_bytes())
-    if built.get("abi") != sysconfig.get_config_var("EXT_SUFFIX") or built.get("modules") != [*COMPILED, *C_MODULES]:
+    if built.get("abi") != sysconfig.get_config_var("EXT_SUFFIX") or built.get("modules") != list(BUILT):
         return "pure Python (compiled for another Python or module list; rebuild: scripts/build_router_native.py)"
     old: dict[str, str] = built.get("sources", {})
     now = sources(package_dir)
