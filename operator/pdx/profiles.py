@@ -24,6 +24,7 @@ class InstanceProfile:
     cpus: int | None = None  # per node, likewise
     fi_env: dict[str, str] = field(default_factory=dict)
     engine_env: dict[str, str] = field(default_factory=dict)  # every engine on this kind of node
+    instance_selector: bool = True  # select nodes by node.kubernetes.io/instance-type (not for generic kinds)
 
 
 # Environment libfabric needs to use EFA with GPU memory (NIXL's LIBFABRIC backend).
@@ -48,6 +49,13 @@ CPU_ENGINE_ENV: dict[str, str] = {
 }
 
 
+# NVIDIA GPUs without EFA, NIXL over UCX: engines on one host read each other's KV over CUDA IPC.
+# UCX turns cuda_ipc reads (GET) off when it sees no NVLink between the devices (one GPU shared by
+# both roles, PCIe-only boxes); NIXL's reads then go over TCP at a few GB/s. With this set, a 1 GiB
+# read between two processes on one H200 ran at about 2,000 GB/s (docs/gpu.md).
+UCX_GPU_ENV: dict[str, str] = {"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "y"}
+
+
 def _gpu_node(efa_devices: int, memory_gi: int, cpus: int, shm_size: str) -> InstanceProfile:
     """An 8-GPU EFA node; engine pods ask their GPU share of its memory and CPUs."""
     return InstanceProfile(
@@ -67,7 +75,13 @@ PROFILES: dict[str, InstanceProfile] = {
     "p5e.48xlarge": _gpu_node(efa_devices=32, memory_gi=1900, cpus=180, shm_size="64Gi"),
     "p4d.24xlarge": _gpu_node(efa_devices=4, memory_gi=1100, cpus=90, shm_size="32Gi"),
     # No accelerator and no EFA: the local CPU runtime and CPU-only test clusters.
-    "cpu": InstanceProfile(gpus=0, efa_devices=0, shm_size="1Gi", gpu_taint=False, engine_env=CPU_ENGINE_ENV),
+    "cpu": InstanceProfile(
+        gpus=0, efa_devices=0, shm_size="1Gi", gpu_taint=False, engine_env=CPU_ENGINE_ENV, instance_selector=False
+    ),
+    # Any machine with NVIDIA GPUs and no EFA: `pdx local` on a GPU box, GPU clusters without EFA.
+    # One GPU unless placement.gpusPerNode says more; the local runtime gives each engine its own
+    # GPUs, or splits one GPU's memory between engines when there are fewer GPUs than engines.
+    "gpu": InstanceProfile(gpus=1, efa_devices=0, engine_env=UCX_GPU_ENV, instance_selector=False),
 }
 
 DEFAULT_INSTANCE_TYPE = "p5en.48xlarge"

@@ -73,6 +73,8 @@ def serve_args(target: Target, role: Role) -> list[str]:
         args += ["--max-num-seqs", str(model.max_num_seqs)]
     if model.load_format:
         args += ["--load-format", model.load_format]
+    if spec.block_size is not None:
+        args += ["--block-size", str(spec.block_size)]
     args.append("--enable-prefix-caching" if spec.prefix_caching(role) else "--no-enable-prefix-caching")
     args += [
         "--kv-transfer-config",
@@ -228,7 +230,9 @@ def drain(target: Target, role: Role) -> dict[str, Any]:
 def engine_pod_spec(target: Target, role: Role) -> dict[str, Any]:
     spec = target.spec
     place, role_spec = spec.placement, spec.role(role)
-    node_selector = {} if place.instance_type == "cpu" else {"node.kubernetes.io/instance-type": place.instance_type}
+    node_selector = (
+        {"node.kubernetes.io/instance-type": place.instance_type} if place.profile.instance_selector else {}
+    )
     node_selector.update(role_spec.node_selector)
     tolerations = list(role_spec.tolerations)
     taint = place.gpu_taint_toleration if place.gpu_taint_toleration is not None else place.profile.gpu_taint

@@ -1,0 +1,73 @@
+"""GPU engines: KV blocks of 64 tokens, CUDA IPC reads over UCX, no EFA where there is none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pdx.render import render
+from pdx.render.engines import kv_transfer_config, serve_args
+from pdx.resource import SpecError
+from tests.render.test_render import by_kind, target
+
+ROOT = Path(__file__).parents[2]
+
+
+def engine_pod(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    pod: dict[str, Any] = by_kind(objects, "StatefulSet")[name]["spec"]["template"]["spec"]
+    return pod
+
+
+def flag(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+def test_gpu_engines_get_64_token_kv_blocks_on_both_roles_p5en_included() -> None:
+    for t in (target(), target(ROOT / "examples" / "local-gpu.yaml")):
+        assert [flag(serve_args(t, role), "--block-size") for role in ("prefill", "decode")] == ["64", "64"]
+
+
+def test_cpu_engines_keep_the_platforms_own_block_size() -> None:
+    assert "--block-size" not in serve_args(target(ROOT / "examples" / "local-cpu.yaml"), "prefill")
+
+
+def test_an_explicit_block_size_wins_on_both_roles() -> None:
+    t = target(spec__kvTransfer__blockSize=128)
+    assert [flag(serve_args(t, role), "--block-size") for role in ("prefill", "decode")] == ["128", "128"]
+
+
+def test_a_block_size_vllm_does_not_take_is_refused_naming_the_field() -> None:
+    with pytest.raises(SpecError) as err:
+        target(spec__kvTransfer__blockSize=48)
+    assert any("kvTransfer.blockSize" in p for p in err.value.problems)
+
+
+def test_the_gpu_profile_reads_kv_over_cuda_ipc_with_ucx_and_selects_no_instance_type() -> None:
+    t = target(ROOT / "examples" / "local-gpu.yaml")
+    cfg = kv_transfer_config(t, "decode")
+    assert (cfg["kv_buffer_device"], cfg["kv_connector_extra_config"]["backends"]) == ("cuda", ["UCX"])
+    pod = engine_pod(render(t), "local-gpu-decode")
+    container = pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] == "y"
+    assert "FI_PROVIDER" not in env and "PDX_REQUIRE_EFA" not in env
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "nodeSelector" not in pod
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+
+
+def test_a_gpu_box_with_several_gpus_takes_tensor_parallel_engines() -> None:
+    doc_path = ROOT / "examples" / "local-gpu.yaml"
+    with pytest.raises(SpecError):
+        target(doc_path, spec__prefill__tensorParallelSize=2)
+    t = target(doc_path, spec__prefill__tensorParallelSize=2, spec__placement__gpusPerNode=8)
+    assert flag(serve_args(t, "prefill"), "--tensor-parallel-size") == "2"
+    limits = engine_pod(render(t), "local-gpu-prefill")["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "2"
+
+
+def test_efa_nodes_read_over_libfabric_without_the_ucx_setting() -> None:
+    env = {e["name"] for e in engine_pod(render(target()), "qwen3-32b-prefill")["containers"][0]["env"]}
+    assert "FI_PROVIDER" in env and "UCX_CUDA_IPC_ENABLE_GET_ZCOPY" not in env
