@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from pdx.local.gpus import GpuPlanError
 from pdx.resource import SpecError, read_target
 
 EXIT_INVALID = 2
@@ -80,5 +81,8 @@ def main(argv: list[str] | None = None, *more: Callable[[Any], None]) -> None:
         code = EXIT_INVALID
     except FileNotFoundError as err:
         print(f"pdx: {err.strerror}: {err.filename}", file=sys.stderr)
+        code = EXIT_INVALID
+    except GpuPlanError as err:  # the resource asks for GPUs this machine cannot give
+        print(f"pdx local: {err}", file=sys.stderr)
         code = EXIT_INVALID
     raise SystemExit(code)

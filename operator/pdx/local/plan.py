@@ -137,6 +137,12 @@ def engine_process(sts: Mapping[str, Any], ordinal: int, ports: Ports, layout: L
     )
 
 
+def gpu_ask(sts: Mapping[str, Any]) -> int:
+    """GPUs each pod of an engine StatefulSet asks (its container's nvidia.com/gpu limit)."""
+    limits = sts["spec"]["template"]["spec"]["containers"][0].get("resources", {}).get("limits", {})
+    return int(limits.get("nvidia.com/gpu", 0))
+
+
 def router_process(
     deployment: Mapping[str, Any],
     configmaps: Mapping[str, Mapping[str, Any]],

@@ -8,12 +8,14 @@ processes it started. Tests, `pdx local` and `pdx bench` use it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -21,7 +23,19 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from pdx.local.plan import LOOPBACK, Layout, LocalProcess, Ports, engine_process, map_paths, router_process
+from pdx.local.gpus import GpuPlacement, place, visible_gpus, weight_bytes
+from pdx.local.plan import (
+    LOOPBACK,
+    OFFLINE_ENV,
+    Layout,
+    LocalProcess,
+    Ports,
+    engine_process,
+    gpu_ask,
+    map_paths,
+    router_process,
+)
+from pdx.local.shapedmodel import SHAPED_CONFIGS, SHAPED_MODELS, build_shaped_model
 from pdx.render import render
 from pdx.render.meta import ROLES, config_hash
 from pdx.render.router import ENDPOINTS_FILE, endpoints_configmap, ready_engine
@@ -35,6 +49,9 @@ LOCAL_MODELS: dict[str, tuple[str, bool]] = {
     "pdx-small-w": ("small", True),
 }
 STATE_ENV = "PDX_LOCAL_STATE"
+# Below this a KV read between two engines on one host is not CUDA IPC (TCP gives a few GB/s;
+# CUDA IPC on one H200 about 2,000).
+MIN_IPC_GBPS = 20.0
 
 
 def cache_root() -> Path:
@@ -73,11 +90,20 @@ def free_port(preferred: int | None = None) -> int:
     raise RuntimeError("no free port on loopback below the ephemeral range")
 
 
+def model_path(target: Target, model_cache: Path) -> Path:
+    """Where the engines will read the model: `model.name` under the local model cache."""
+    spec = target.spec
+    return Path(map_paths(spec.model.name, {spec.model_cache.mount_path: str(model_cache)}))
+
+
 def ensure_model(target: Target, model_cache: Path) -> Path:
     """The model directory the engines will read; builds pdx's local models on first use."""
-    spec = target.spec
-    local = Path(map_paths(spec.model.name, {spec.model_cache.mount_path: str(model_cache)}))
-    if local.exists() or local.name not in LOCAL_MODELS:
+    local = model_path(target, model_cache)
+    if local.exists():
+        return local
+    if local.name in SHAPED_MODELS:
+        return build_shaped_model(local, SHAPED_MODELS[local.name])
+    if local.name not in LOCAL_MODELS:
         return local
     from pdx.local.localmodel import build_local_model
 
@@ -115,6 +141,8 @@ class LocalTopology:
         self.generation = config_hash(self.target)
         self.started_at: dict[str, float] = {}
         self.healthy_after: dict[str, float] = {}
+        self.gpu_placements: dict[str, GpuPlacement] = {}
+        self.kv_read_check = ""  # what the KV read probe saw, on GPUs
 
     # -- planning ---------------------------------------------------------------------------
     def plan(self) -> list[LocalProcess]:
@@ -125,6 +153,7 @@ class LocalTopology:
             for ordinal in range(self.target.spec.role(role).replicas):
                 ports = Ports(http=free_port(), side_channel=free_port())
                 engines.append(engine_process(sets[role], ordinal, ports, self.layout))
+        engines = self._on_gpus(engines, sets)
         endpoints = [
             ready_engine(p.role, p.name, LOOPBACK, p.generation or "", p.port)  # type: ignore[arg-type]
             for p in engines
@@ -134,6 +163,27 @@ class LocalTopology:
         deployment = next(o for o in objects if o["kind"] == "Deployment")
         router = router_process(deployment, configmaps, endpoints_json, free_port(self._router_port), self.layout)
         return [*engines, router]
+
+    def _on_gpus(self, engines: list[LocalProcess], sets: dict[str, Any]) -> list[LocalProcess]:
+        """Each engine's GPUs (and memory share, when engines share a GPU): see pdx.local.gpus."""
+        asks = {p.name: gpu_ask(sets[p.role]) for p in engines}
+        if not any(asks.values()):
+            return engines
+        local = model_path(self.target, self.layout.model_cache)
+        config = local / "config.json"
+        model = json.loads(config.read_text()) if config.is_file() else SHAPED_CONFIGS.get(local.name)
+        model_bytes = weight_bytes(model, self.target.spec.model.dtype) if model else 0
+        placements = place(asks, visible_gpus(), model_bytes)
+        self.gpu_placements = placements
+        out = []
+        for p in engines:
+            share = placements.get(p.name)
+            out.append(
+                p
+                if share is None
+                else dataclasses.replace(p, env={**p.env, **share.env}, argv=p.argv + share.args(p.argv))
+            )
+        return out
 
     # -- lifecycle --------------------------------------------------------------------------
     def __enter__(self) -> LocalTopology:
@@ -153,6 +203,7 @@ class LocalTopology:
         self.model_dir = ensure_model(self.target, self.layout.model_cache)
         self.processes = self.plan()
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self._check_kv_reads()
         try:
             for proc in self.processes:
                 self._spawn(proc)
@@ -161,6 +212,29 @@ class LocalTopology:
             self.stop()
             raise
         self._write_pids()
+
+    def _check_kv_reads(self) -> None:
+        """GPU engines on this host must read each other's KV over CUDA IPC, not silently over TCP:
+        a NIXL read between two processes with the engines' own environment proves it first."""
+        spec = self.target.spec
+        if not self.gpu_placements or "UCX" not in spec.backends or spec.kv_buffer_device != "cuda":
+            return
+        decode, prefill = self.by_role("decode")[0], self.by_role("prefill")[0]
+        devices = [",".join(map(str, self.gpu_placements[p.name].devices)) for p in (decode, prefill)]
+        argv = [sys.executable, "-m", "pdx_engine.ipc_probe", "--dev", "cuda", "--min-gbps", str(MIN_IPC_GBPS)]
+        result = subprocess.run(
+            [*argv, "--devices", ":".join(devices)],
+            env={**os.environ, **decode.env, **OFFLINE_ENV},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        self.log_path("ipc-probe").write_text(result.stdout + result.stderr)
+        lines = (result.stdout + result.stderr).strip().splitlines()
+        if result.returncode != 0:
+            raise TopologyError(f"KV reads between the engines would not run as they should: {lines[-1:]}")
+        self.kv_read_check = lines[-1].removeprefix("pdx-ipc-probe: ") if lines else ""
 
     def _spawn(self, proc: LocalProcess) -> None:
         for path, content in proc.files.items():
