@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import ModuleType
 
 Patch = Callable[[ModuleType], object]
@@ -60,3 +62,22 @@ def on_import(name: str, patch: Patch) -> None:
     listed = hook.patches.setdefault(name, [])
     if patch not in listed:
         listed.append(patch)
+
+
+def module_exists(name: str) -> bool:
+    """Whether ``name`` (under an installed top-level package) has a source or compiled file,
+    found without importing it or its parents: a plugin says at start that its target is missing
+    from this vLLM instead of waiting, silent, for an import that never comes."""
+    top, _, rest = name.partition(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    for root in spec.submodule_search_locations:
+        base = Path(root, *rest.split(".")) if rest else Path(root)
+        if (
+            base.with_suffix(".py").is_file()
+            or (base / "__init__.py").is_file()
+            or any(base.parent.glob(f"{base.name}.*.so"))
+        ):
+            return True
+    return False

@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from pdx_contract import kv_prefix
-from pdx_engine.import_hook import on_import
+from pdx_engine.import_hook import module_exists, on_import
 
 logger = logging.getLogger("vllm.pdx_plugin")
 
@@ -66,7 +66,10 @@ def _wrap_finished(original: Callable[..., Any]) -> Callable[..., Any]:
 def patch_module(module: ModuleType) -> bool:
     """Wrap the NIXL connector's scheduler-side calls; True if patched now."""
     cls = getattr(module, "NixlBaseConnector", None)
-    if cls is None or getattr(cls, _MARK, False):
+    if cls is None:
+        logger.error("pdx plugin: %s has no NixlBaseConnector; the engines' prefix check is OFF", MODULE)
+        return False
+    if getattr(cls, _MARK, False):
         return False
     cls.get_num_new_matched_tokens = _wrap_matched(cls.get_num_new_matched_tokens)
     cls.request_finished = _wrap_finished(cls.request_finished)
@@ -78,4 +81,7 @@ def patch_module(module: ModuleType) -> bool:
 
 def register() -> None:
     """Entry point of the ``vllm.general_plugins`` group; safe to call repeatedly."""
+    if not module_exists(MODULE):
+        logger.error("pdx plugin: this vLLM has no %s; the engines' prefix check is OFF", MODULE)
+        return
     on_import(MODULE, patch_module)

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from types import ModuleType
 from typing import Any
 
-from pdx_engine.import_hook import on_import
+from pdx_engine.import_hook import module_exists, on_import
 
 # Under "vllm." so that vLLM's own logging configuration prints it.
 logger = logging.getLogger("vllm.pdx_plugin")
@@ -111,7 +111,7 @@ def patch_module(module: ModuleType) -> bool:
     cls = getattr(module, class_name, None)
     method = getattr(cls, method_name, None)
     if cls is None or method is None:
-        logger.warning("pdx plugin: %s.%s not found; not patched", class_name, method_name)
+        logger.error("pdx plugin: %s.%s not found; its streams lack kv_transfer_params", class_name, method_name)
         return False
     if getattr(method, _MARK, False) or _stream_chunk_has_field(module, chunk_model):
         return False
@@ -123,4 +123,7 @@ def patch_module(module: ModuleType) -> bool:
 def register() -> None:
     """Entry point of the ``vllm.general_plugins`` group; safe to call repeatedly."""
     for name in _TARGETS:
+        if not module_exists(name):
+            logger.error("pdx plugin: this vLLM has no %s; its streams lack kv_transfer_params", name)
+            continue
         on_import(name, patch_module)
