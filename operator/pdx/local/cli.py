@@ -1,4 +1,4 @@
-"""`pdx local up|down|plan`: the rendered topology as local processes."""
+"""`pdx local up|down|plan`: the rendered topology as local processes; `wheelhouse`: its offline install."""
 
 from __future__ import annotations
 
@@ -57,6 +57,25 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _wheelhouse(args: argparse.Namespace) -> int:
+    from pdx.local import wheelhouse as wh
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    try:
+        target = wh.Target(torch=args.torch, cuda=args.cuda, python=args.python)
+        target.check()
+        if not 1 <= args.part_mib <= 4096:
+            raise wh.WheelhouseError(f"--part-mib {args.part_mib}: expected 1..4096 (MiB per part folder)")
+        wh.build(args.out, target, args.cache, args.part_mib * wh.MIB, log)
+    except wh.WheelhouseError as err:
+        print(f"pdx local wheelhouse: {err}", file=sys.stderr)
+        return err.exit_code
+    print((args.out / "READY").read_text(), end="")
+    return 0
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("local", help="run a DisaggregatedInference as local processes (vLLM CPU)")
     verbs = p.add_subparsers(dest="verb", required=True)
@@ -71,3 +90,21 @@ def add_parser(sub: Any) -> None:
         if verb == "up":
             v.add_argument("--router-port", type=int, default=8000, help="router port if free (default 8000)")
         v.set_defaults(run=fn)
+    w = verbs.add_parser(
+        "wheelhouse",
+        help="download, trim and split the wheels for a GPU machine without network (docs/gpu.md)",
+        description="Run on a networked machine; carry the part folders to the GPU machine and install them "
+        "there with c1/gpu-install.sh (docs/gpu.md, 'Offline install on an air-gapped GPU machine').",
+    )
+    w.add_argument("--out", type=Path, required=True, help="folder for the parts c1, c2, ... (empty or a wheelhouse)")
+    w.add_argument("--torch", default="2.11.0", help="the GPU image's torch; picks vLLM by its exact pin (2.11.0)")
+    w.add_argument("--cuda", type=int, default=13, help="the CUDA major; picks nixl_cu12 or nixl_cu13 (13)")
+    w.add_argument("--python", default="3.12", help="the GPU image's Python, MAJOR.MINOR (3.12)")
+    w.add_argument("--part-mib", type=int, default=60, help="most MiB per part folder, one transfer each (60)")
+    w.add_argument(
+        "--cache",
+        type=Path,
+        default=Path.home() / ".cache" / "pdx" / "wheelhouse",
+        help="downloaded wheels, reused by the next build (~/.cache/pdx/wheelhouse)",
+    )
+    w.set_defaults(run=_wheelhouse)
