@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from .enginemetrics import EngineScraper
+from .enginemetrics import EngineScraper, Snapshot, accumulate, snapshot_delta, xfer_totals
 from .records import RequestRecord
 from .workload import Conversation, TokenCounter, WordCounter, Workload
 
@@ -197,6 +197,8 @@ class RunResult:
 
     records: list[RequestRecord] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
+    # With one client and a scraper: what the engines counted around follow-up turns (turn >= 2)
+    followups: Snapshot | None = None
 
 
 class _Pacer:
@@ -229,14 +231,17 @@ async def run(
     scraper: EngineScraper | None = None,
     leg: str = "",
     send_conversation_id: bool = True,
+    transfer_role: str | None = "prefill",
     on_done: Callable[[RequestRecord | None], None] | None = None,
     timeout_s: float = 300.0,
 ) -> RunResult:
     """Run every conversation of the workload; `concurrency` clients take them in order.
 
-    With one client and a scraper, prefill's NIXL metrics are read around each request, so
-    each record gets its own D->P transfer time ("request"); otherwise the caller spreads a
-    group total over the hits (records.spread_group_transfer).
+    With one client and a scraper, every engine's metrics are read around each request:
+    each record gets its own transfer time from `transfer_role`'s NIXL histograms (prefill's
+    D->P reads; None leaves the records' transfer fields unset), and the differences around
+    follow-up turns are summed into `followups`. Otherwise the caller spreads a group total
+    over the hits (records.spread_group_transfer).
     """
     counter = counter or WordCounter()
     spec = workload.spec
@@ -258,7 +263,7 @@ async def run(
                 cid = conv.conversation_id if send_conversation_id else None
                 body = request_body(model, messages, cid, conv.max_tokens, conv.min_tokens)
                 await pacer.wait()
-                before = await scraper.role("prefill") if per_request and scraper else None
+                before = await scraper.snapshot() if per_request and scraper else None
                 reply = await chat(session, base_url, body, cid, timeout_s)
                 if not reply.ok:
                     result.errors.append(
@@ -287,11 +292,14 @@ async def run(
                 )
                 rec.prefix_tokens = spec.prefix_tokens
                 if before is not None and scraper is not None:
-                    after = await scraper.role("prefill")
-                    if after is not None:
-                        delta = after - before
-                        rec.kv_transfer_ms = delta.seconds * 1000
-                        rec.kv_transfer_bytes = delta.bytes
+                    window = snapshot_delta(await scraper.snapshot(), before)
+                    if turn > 1:
+                        result.followups = accumulate(result.followups, window)
+                    hists = window.get(transfer_role) if transfer_role else None
+                    if hists is not None:
+                        xfer = xfer_totals(hists)
+                        rec.kv_transfer_ms = xfer.seconds * 1000
+                        rec.kv_transfer_bytes = xfer.bytes
                         rec.kv_transfer_source = "request"
                 result.records.append(rec)
                 answers.append(reply.content)

@@ -1,0 +1,294 @@
+"""Where ON's TTFT goes: the router's two hops beside each engine's own figures (pure).
+
+The client measures TTFT through the router; the router reports its prefill hop
+(`X-PDX-Prefill-Ms`, the D->P read included). What is left is the decode hop: TTFT - prefill
+hop (decode's P->D read, its first token, and the router's own work on the way). Each engine
+adds what it counted itself (enginemetrics): its TTFT from the request's arrival in the engine,
+after the API server rendered and tokenized it; its queue and prefill time; the NIXL transfers
+it initiated. A hop less its engine's TTFT is what the API server and HTTP took around it.
+
+vLLM schedules a request that loads KV asynchronously only once the KV has arrived, so an
+engine's queue time contains the NIXL read it waited for; engine TTFT is about queue + prefill.
+
+Engine figures are means per observation (`_sum / _count` of the difference between two
+scrapes). With one client they cover the follow-up turns alone (scraped around each request),
+as the TTFT table does; otherwise the whole group ("all turns"), and the router's figures
+beside them then cover all turns too, so the subtraction stays within one set of requests.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .enginemetrics import POST_TIME, PREFILL_TIME, QUEUE_TIME, TTFT, XFER_TIME, GroupEngines, Histograms, Snapshot
+from .records import RequestRecord
+from .report import percentile
+
+FOLLOWUPS = "turns >= 2"
+ALL_TURNS = "all turns"
+ON_LEGS = ("on", "run", "")
+BOUND = "bound"
+
+# short key -> histogram, in the order the tables show them
+ROLE_METRICS: tuple[tuple[str, str], ...] = (
+    ("ttft", TTFT),
+    ("queue", QUEUE_TIME),
+    ("prefill", PREFILL_TIME),
+    ("xfer", XFER_TIME),
+    ("post", POST_TIME),
+)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One histogram over a window: mean per observation in ms, and how many were observed.
+
+    count None: the engines do not export it (or were not scraped); mean None as well then,
+    and when nothing was observed (count 0). Never a 0 that was not measured.
+    """
+
+    mean_ms: float | None = None
+    count: float | None = None
+
+
+def figure(hists: Histograms | None, metric: str) -> Figure:
+    hist = hists.get(metric) if hists is not None else None
+    if hist is None:
+        return Figure()
+    return Figure(hist.sum * 1000 / hist.count if hist.count > 0 else None, hist.count)
+
+
+def role_figures(hists: Histograms | None) -> dict[str, Figure]:
+    return {key: figure(hists, metric) for key, metric in ROLE_METRICS}
+
+
+def scope_of(engines: GroupEngines | None) -> str:
+    """Follow-up turns when the engines were scraped around each request; all turns when only
+    around the group; follow-up turns (router figures alone) when they were not scraped."""
+    if engines is None or engines.followups is not None:
+        return FOLLOWUPS
+    return ALL_TURNS if any(v is not None for v in engines.all_turns.values()) else FOLLOWUPS
+
+
+def window(engines: GroupEngines | None, scope: str) -> Snapshot:
+    """The engines' differences over `scope`; empty (every role blank) when not measured so."""
+    if engines is None:
+        return {}
+    if scope == FOLLOWUPS:
+        return engines.followups or {}
+    return engines.all_turns
+
+
+def in_scope(records: Sequence[RequestRecord], scope: str) -> list[RequestRecord]:
+    return [r for r in records if scope == ALL_TURNS or r.turn >= 2]
+
+
+def less(a: float | None, b: float | None) -> float | None:
+    """a - b, blank when either is."""
+    return None if a is None or b is None else a - b
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b <= 0 else a / b
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """One prefix length of the ON leg, next to its bound. Times in ms."""
+
+    length: int
+    scope: str
+    n: int
+    ttft_p50: float | None
+    ttft_mean: float | None
+    prefill_hop: float | None  # mean X-PDX-Prefill-Ms
+    decode_hop: float | None  # mean of TTFT - X-PDX-Prefill-Ms
+    prefill: dict[str, Figure]  # the prefill engines' own figures (xfer: D->P reads)
+    decode: dict[str, Figure]  # the decode engines' (xfer: P->D reads)
+    bound_n: int = 0
+    bound_p50: float | None = None
+    bound_mean: float | None = None
+    bound_decode: dict[str, Figure] | None = None  # decode's own figures while it served the bound
+
+    @property
+    def prefill_api_ms(self) -> float | None:
+        """The prefill hop less prefill's engine TTFT: router->prefill HTTP, its API server."""
+        return less(self.prefill_hop, self.prefill["ttft"].mean_ms)
+
+    @property
+    def decode_api_ms(self) -> float | None:
+        """The decode hop less decode's engine TTFT: HTTP, decode's API server, the router's stream."""
+        return less(self.decode_hop, self.decode["ttft"].mean_ms)
+
+    @property
+    def bound_api_ms(self) -> float | None:
+        return less(self.bound_mean, self.bound_decode["ttft"].mean_ms if self.bound_decode else None)
+
+    @property
+    def on_over_bound(self) -> float | None:
+        """ON's median TTFT over the bound's: how far from the decode-only lower bound."""
+        return ratio(self.ttft_p50, self.bound_p50)
+
+    def to_json(self) -> dict[str, Any]:
+        def figs(f: Mapping[str, Figure] | None) -> dict[str, Any] | None:
+            return None if f is None else {k: {"mean_ms": v.mean_ms, "count": v.count} for k, v in f.items()}
+
+        return {
+            "length": self.length,
+            "scope": self.scope,
+            "n": self.n,
+            "ttft_p50_ms": self.ttft_p50,
+            "ttft_mean_ms": self.ttft_mean,
+            "prefill_hop_ms": self.prefill_hop,
+            "prefill_engine": figs(self.prefill),
+            "prefill_api_http_ms": self.prefill_api_ms,
+            "decode_hop_ms": self.decode_hop,
+            "decode_engine": figs(self.decode),
+            "decode_api_http_ms": self.decode_api_ms,
+            "bound": {
+                "n": self.bound_n,
+                "ttft_p50_ms": self.bound_p50,
+                "ttft_mean_ms": self.bound_mean,
+                "decode_engine": figs(self.bound_decode),
+                "api_http_ms": self.bound_api_ms,
+            },
+            "on_over_bound": self.on_over_bound,
+        }
+
+
+def breakdown(
+    length: int,
+    on_records: Sequence[RequestRecord],
+    on_engines: GroupEngines | None,
+    bound_records: Sequence[RequestRecord] = (),
+    bound_engines: GroupEngines | None = None,
+) -> Breakdown:
+    """One length: the ON leg's records and engine differences, and the bound's, if measured."""
+    scope = scope_of(on_engines)
+    recs = in_scope(on_records, scope)
+    ttft = [r.ttft_ms for r in recs]
+    hops = [r for r in recs if r.prefill_ms is not None]
+    engines = window(on_engines, scope)
+    bound = in_scope(bound_records, scope)
+    bound_ttft = [r.ttft_ms for r in bound]
+    measured = bound_engines is not None
+    return Breakdown(
+        length=length,
+        scope=scope,
+        n=len(recs),
+        ttft_p50=percentile(ttft, 50) if ttft else None,
+        ttft_mean=_mean(ttft),
+        prefill_hop=_mean([r.prefill_ms for r in hops if r.prefill_ms is not None]),
+        decode_hop=_mean([r.ttft_ms - r.prefill_ms for r in hops if r.prefill_ms is not None]),
+        prefill=role_figures(engines.get("prefill")),
+        decode=role_figures(engines.get("decode")),
+        bound_n=len(bound),
+        bound_p50=percentile(bound_ttft, 50) if bound_ttft else None,
+        bound_mean=_mean(bound_ttft),
+        bound_decode=role_figures(window(bound_engines, scope).get("decode")) if measured else None,
+    )
+
+
+def breakdowns(records: Sequence[RequestRecord], engines: Mapping[str, Mapping[int, GroupEngines]]) -> list[Breakdown]:
+    """Every length of the ON leg (`on`, or `run` for --url); `engines` is per leg, per length."""
+    on = [r for r in records if r.leg in ON_LEGS]
+    legs = {r.leg for r in on}
+    on_engines: dict[int, GroupEngines] = {}
+    for leg in legs:
+        on_engines.update(engines.get(leg, {}))
+    bound = [r for r in records if r.leg == BOUND]
+    out = []
+    for length in sorted({r.prefix_tokens for r in on}):
+        out.append(
+            breakdown(
+                length,
+                [r for r in on if r.prefix_tokens == length],
+                on_engines.get(length),
+                [r for r in bound if r.prefix_tokens == length],
+                engines.get(BOUND, {}).get(length),
+            )
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------- tables
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None or v != v else f"{v:.1f}"
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None or v != v else f"{v:.2f}x"
+
+
+BREAKDOWN_HEADERS = (
+    "prefix", "scope", "n", "TTFT p50", "TTFT mean",
+    "prefill hop", "P engine TTFT", "P queue", "P prefill", "D->P xfer", "D->P post", "P API+HTTP",
+    "decode hop", "D engine TTFT", "P->D xfer", "D API+HTTP",
+    "bound p50", "bound D engine TTFT", "ON/bound",
+)  # fmt: skip
+
+
+def breakdown_rows(rows: Sequence[Breakdown]) -> list[tuple[str, ...]]:
+    out: list[tuple[str, ...]] = []
+    for b in rows:
+        p, d = b.prefill, b.decode
+        out.append(
+            (
+                str(b.length), b.scope, str(b.n), _ms(b.ttft_p50), _ms(b.ttft_mean),
+                _ms(b.prefill_hop), _ms(p["ttft"].mean_ms), _ms(p["queue"].mean_ms), _ms(p["prefill"].mean_ms),
+                _ms(p["xfer"].mean_ms), _ms(p["post"].mean_ms), _ms(b.prefill_api_ms),
+                _ms(b.decode_hop), _ms(d["ttft"].mean_ms), _ms(d["xfer"].mean_ms), _ms(b.decode_api_ms),
+                _ms(b.bound_p50), _ms(b.bound_decode["ttft"].mean_ms if b.bound_decode else None), _x(b.on_over_bound),
+            )
+        )  # fmt: skip
+    return out
+
+
+ENGINE_HEADERS = ("leg", "prefix", "scope", "role", "TTFT", "queue", "prefill", "NIXL xfer", "NIXL post")
+
+
+def _cell(f: Figure) -> str:
+    if f.count is None:
+        return "-"
+    return f"{_ms(f.mean_ms)} ({f.count:.0f})"
+
+
+def engine_rows(engines: Mapping[str, Mapping[int, GroupEngines]]) -> list[tuple[str, ...]]:
+    """Each leg, length and role: every figure as `mean ms (count)`, `-` where not exported."""
+    out: list[tuple[str, ...]] = []
+    for leg, by_length in engines.items():
+        for length in sorted(by_length):
+            scope = scope_of(by_length[length])
+            for role, hists in sorted(window(by_length[length], scope).items()):
+                figs = role_figures(hists)
+                out.append((leg, str(length), scope, role, *(_cell(figs[k]) for k, _ in ROLE_METRICS)))
+    return out
+
+
+def engines_json(engines: Mapping[str, Mapping[int, GroupEngines]]) -> dict[str, Any]:
+    """Per leg and length, both windows, per role: each figure's mean (ms) and count; null where
+    not measured."""
+
+    def snap(s: Snapshot | None) -> dict[str, Any] | None:
+        if s is None:
+            return None
+        return {
+            role: None
+            if h is None
+            else {k: {"mean_ms": f.mean_ms, "count": f.count} for k, f in role_figures(h).items()}
+            for role, h in s.items()
+        }
+
+    return {
+        leg: {str(length): {ALL_TURNS: snap(g.all_turns), FOLLOWUPS: snap(g.followups)} for length, g in by.items()}
+        for leg, by in engines.items()
+    }
