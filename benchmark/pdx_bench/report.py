@@ -3,7 +3,9 @@
 Only follow-up turns (turn >= 2) enter the comparison: the first turn of a conversation has
 nothing to reuse in either leg, so including it would dilute the difference being measured.
 Groups are keyed by the sweep's prefix length; the plots' x axis is the engine-reported
-prompt length (the group's mean `input_num_tokens`), as in the seed article.
+prompt length (the group's mean `input_num_tokens`), as in the seed article. The bound (the
+same turns sent whole straight to the decode engine that holds the conversation) is a third
+leg beside OFF and ON.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Row:
     length: int
     off: LegStats | None
     on: LegStats | None
+    bound: LegStats | None = None
 
     @property
     def ratio(self) -> float:
@@ -54,6 +57,13 @@ class Row:
         if self.off is None or self.on is None or self.on.ttft_p50 <= 0:
             return float("nan")
         return self.off.ttft_p50 / self.on.ttft_p50
+
+    @property
+    def on_over_bound(self) -> float:
+        """ON median TTFT over the bound's: how far ON stays from decode serving the turn alone."""
+        if self.on is None or self.bound is None or self.bound.ttft_p50 <= 0:
+            return float("nan")
+        return self.on.ttft_p50 / self.bound.ttft_p50
 
 
 def leg_stats(records: Sequence[RequestRecord]) -> LegStats | None:
@@ -85,6 +95,7 @@ def summarize(records: Sequence[RequestRecord], min_turn: int = 2) -> list[Row]:
                 length=length,
                 off=leg_stats([r for r in group if r.leg == "off"]),
                 on=leg_stats([r for r in group if r.leg in ("on", "run", "")]),
+                bound=leg_stats([r for r in group if r.leg == "bound"]),
             )
         )
     return rows
@@ -96,7 +107,10 @@ def _f(v: float | None, fmt: str = "{:.0f}") -> str:
     return fmt.format(v)
 
 
-HEADERS = ("prefix", "prompt tok", "n off/on", "OFF p50", "OFF p90", "ON p50", "ON p90", "OFF/ON", "ON hit rate")
+HEADERS = (
+    "prefix", "prompt tok", "n off/on", "OFF p50", "OFF p90", "ON p50", "ON p90", "OFF/ON", "ON hit rate",
+    "bound p50", "ON/bound",
+)  # fmt: skip
 
 
 def table_rows(rows: Sequence[Row]) -> list[tuple[str, ...]]:
@@ -115,29 +129,68 @@ def table_rows(rows: Sequence[Row]) -> list[tuple[str, ...]]:
                 _f(r.on.ttft_p90 if r.on else None),
                 _f(r.ratio, "{:.2f}x"),
                 _f(r.on.hit_rate * 100 if r.on else None, "{:.0f}%"),
+                _f(r.bound.ttft_p50 if r.bound else None),
+                _f(r.on_over_bound, "{:.2f}x"),
             )
         )
     return out
 
 
-def format_table(rows: Sequence[Row]) -> str:
-    """Plain-text table for the terminal; TTFT in ms, turns >= 2."""
-    body = table_rows(rows)
-    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(HEADERS)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(HEADERS, widths, strict=True))]
+def plain(headers: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    """A right-aligned plain-text table."""
+    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in body]
     return "\n".join(lines)
 
 
-def markdown_table(rows: Sequence[Row]) -> str:
-    body = table_rows(rows)
-    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---:|" * len(HEADERS)]
+def markdown(headers: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---:|" * len(headers)]
     lines += ["| " + " | ".join(row) + " |" for row in body]
     return "\n".join(lines)
 
 
+def format_table(rows: Sequence[Row]) -> str:
+    """Plain-text table for the terminal; TTFT in ms, turns >= 2."""
+    return plain(HEADERS, table_rows(rows))
+
+
+def markdown_table(rows: Sequence[Row]) -> str:
+    return markdown(HEADERS, table_rows(rows))
+
+
 # -------------------------------------------------------------------------------- plots
+
+
+LINES = (
+    ("off", "tab:red", "bidirectional OFF"),
+    ("on", "tab:blue", "bidirectional ON"),
+    ("bound", "tab:green", "bound: whole turn on decode (its prefix cache)"),
+)
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    color: str
+    xs: list[float]
+    p50: list[float]
+    p90: list[float]
+
+
+def ttft_series(rows: Sequence[Row]) -> list[Series]:
+    """The TTFT plot's lines: one per leg that has points (OFF, ON, the bound)."""
+    out = []
+    for leg, color, label in LINES:
+        pts = [getattr(r, leg) for r in rows if getattr(r, leg) is not None]
+        if pts:
+            out.append(
+                Series(
+                    label, color, [p.prompt_tokens for p in pts], [p.ttft_p50 for p in pts], [p.ttft_p90 for p in pts]
+                )
+            )
+    return out
 
 
 def plot_ttft(rows: Sequence[Row], path: Path, title: str = "TTFT vs prompt length") -> Path:
@@ -148,14 +201,11 @@ def plot_ttft(rows: Sequence[Row], path: Path, title: str = "TTFT vs prompt leng
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for leg, color, label in (("off", "tab:red", "bidirectional OFF"), ("on", "tab:blue", "bidirectional ON")):
-        pts = [(getattr(r, leg)) for r in rows if getattr(r, leg) is not None]
-        if not pts:
-            continue
-        xs = [p.prompt_tokens for p in pts]
-        ys = [p.ttft_p50 for p in pts]
-        up = [p.ttft_p90 - p.ttft_p50 for p in pts]
-        ax.errorbar(xs, ys, yerr=[[0] * len(up), up], marker="o", color=color, label=label, capsize=3)
+    for line in ttft_series(rows):
+        up = [hi - mid for hi, mid in zip(line.p90, line.p50, strict=True)]
+        ax.errorbar(
+            line.xs, line.p50, yerr=[[0.0] * len(up), up], marker="o", color=line.color, label=line.label, capsize=3
+        )
     ax.set_xlabel("prompt length (tokens, engine-reported)")
     ax.set_ylabel("TTFT (ms): median, bar to p90")
     ax.set_title(title)
@@ -217,7 +267,9 @@ def markdown_report(
     title: str = "pdx bench",
     context: dict[str, str] | None = None,
     notes: Sequence[str] = (),
+    sections: Sequence[tuple[str, str]] = (),
 ) -> str:
+    """`sections`: further (heading, Markdown) parts, after the TTFT table and its plot."""
     lines = [f"# {title}", ""]
     if context:
         lines += [f"- **{k}**: {v}" for k, v in context.items()]
@@ -229,6 +281,10 @@ def markdown_report(
         "",
         f"![TTFT vs prompt length]({ttft_png.name})",
         "",
+    ]
+    for heading, body in sections:
+        lines += [f"## {heading}", "", body, ""]
+    lines += [
         "## Prefill time: compute and KV transfer",
         "",
         f"![Prefill breakdown]({prefill_png.name})",
@@ -246,6 +302,7 @@ def write_report(
     title: str = "pdx bench",
     context: dict[str, str] | None = None,
     notes: Sequence[str] = (),
+    sections: Sequence[tuple[str, str]] = (),
 ) -> tuple[list[Row], dict[str, Path]]:
     """Plots and report.md into `out`; returns the table rows and the files written."""
     rows = summarize(records)
@@ -253,5 +310,5 @@ def write_report(
     ttft = plot_ttft(rows, out / "ttft_vs_prompt_length.png")
     prefill = plot_prefill_breakdown(rows, out / "prefill_breakdown.png")
     md = out / "report.md"
-    md.write_text(markdown_report(rows, ttft, prefill, title=title, context=context, notes=notes))
+    md.write_text(markdown_report(rows, ttft, prefill, title=title, context=context, notes=notes, sections=sections))
     return rows, {"ttft_plot": ttft, "prefill_plot": prefill, "report": md}

@@ -40,14 +40,17 @@ def record(
 
 
 def sweep_records() -> list[RequestRecord]:
-    """Two lengths; OFF slow, ON fast with 3 of 4 follow-up turns hits; turn 1 is an outlier."""
+    """Two lengths; OFF slow, ON fast with 3 of 4 follow-up turns hits, the bound faster still
+    (no router headers: it went straight to decode); turn 1 is an outlier."""
     out: list[RequestRecord] = []
-    for prefix, off_ttfts, on_ttfts in (
-        (1000, [100, 110, 120, 130], [50, 60, 70, 80]),
-        (4000, [400, 500, 600, 700], [100, 100, 200, 300]),
+    for prefix, off_ttfts, on_ttfts, bound_ttfts in (
+        (1000, [100, 110, 120, 130], [50, 60, 70, 80], [30, 40, 50, 60]),
+        (4000, [400, 500, 600, 700], [100, 100, 200, 300], [50, 50, 100, 100]),
     ):
         out.append(record("off", prefix, 1, 9999, reuse="miss", prefill=9000))
         out.append(record("on", prefix, 1, 9999, reuse="miss", prefill=9000))
+        out.append(record("bound", prefix, 1, 9999))
+        out += [record("bound", prefix, 2 + i, t) for i, t in enumerate(bound_ttfts)]
         for i, t in enumerate(off_ttfts):
             out.append(record("off", prefix, 2 + i, t, reuse="miss", prefill=t - 10, xfer=0.0))
         for i, t in enumerate(on_ttfts):

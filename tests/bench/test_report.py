@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pdx_bench.report import format_table, percentile, summarize, write_report
+from pdx_bench.report import format_table, percentile, summarize, ttft_series, write_report
 
 from .synth import sweep_records
 
@@ -48,6 +48,11 @@ def test_summary_numbers() -> None:
     assert long.off.hit_rate == 0.0
     assert long.on.kv_transfer_ms == pytest.approx(3.75)  # (5+5+5+0)/4
     assert long.on.prefill_ms == pytest.approx((90 + 90 + 190 + 290) / 4)
+    # The bound: its own leg, its median beside ON's.
+    assert short.bound is not None and long.bound is not None
+    assert short.bound.n == 4 and short.bound.ttft_p50 == pytest.approx(45.0)
+    assert short.on_over_bound == pytest.approx(65 / 45)
+    assert long.on_over_bound == pytest.approx(150 / 75)
 
 
 def test_terminal_table_shows_the_numbers() -> None:
@@ -56,7 +61,8 @@ def test_terminal_table_shows_the_numbers() -> None:
     assert "OFF p50" in lines[0] and "ON hit rate" in lines[0]
     last = lines[-1].split()
     assert last[0] == "4000"
-    assert last[3:] == ["550", "670", "150", "270", "3.67x", "75%"]
+    assert last[3:] == ["550", "670", "150", "270", "3.67x", "75%", "75", "2.00x"]
+    assert lines[0].split()[-2:] == ["p50", "ON/bound"]
 
 
 def test_report_files(tmp_path: Path) -> None:
@@ -74,6 +80,14 @@ def test_report_files(tmp_path: Path) -> None:
 def test_plots_survive_a_missing_leg(tmp_path: Path) -> None:
     only_on = [r for r in sweep_records() if r.leg == "on"]
     rows, files = write_report(only_on, tmp_path)
-    assert all(r.off is None for r in rows)
+    assert all(r.off is None and r.bound is None for r in rows)
     assert files["ttft_plot"].read_bytes()[:8] == PNG_MAGIC
-    assert "-" in format_table(rows).splitlines()[-1].split()
+    assert format_table(rows).splitlines()[-1].split()[-2:] == ["-", "-"]  # no bound: blank, not 0
+    assert [s.label for s in ttft_series(rows)] == ["bidirectional ON"]
+
+
+def test_the_ttft_plot_draws_the_bound_as_a_third_line() -> None:
+    lines = ttft_series(summarize(sweep_records()))
+    assert [s.label.split(":")[0] for s in lines] == ["bidirectional OFF", "bidirectional ON", "bound"]
+    bound = lines[2]
+    assert bound.p50 == pytest.approx([45.0, 75.0]) and len(bound.xs) == 2
