@@ -13,8 +13,16 @@ import yaml
 
 from pdx.resource import manifest_documents
 
+from .breakdown import (
+    BREAKDOWN_HEADERS,
+    ENGINE_HEADERS,
+    breakdown_rows,
+    breakdowns,
+    engine_rows,
+    engines_json,
+)
 from .records import write_records
-from .report import format_table, write_report
+from .report import format_table, markdown, plain, write_report
 from .sweep import (
     ClusterTarget,
     Endpoints,
@@ -100,6 +108,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--legs", type=_legs, default=None, help="off,on (default); --url runs one leg")
     p.add_argument("--no-warmup", action="store_true", help="skip the short warmup conversation per leg")
+    p.add_argument(
+        "--no-bound",
+        action="store_true",
+        help="skip the bound: in the ON leg, each length's workload once more, whole turns straight to decode",
+    )
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="output directory")
     p.add_argument("--state-dir", type=Path, help="local: state directory of the topology")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
@@ -175,10 +188,28 @@ def _bench_args(args: argparse.Namespace) -> list[str]:
     for flag, value in (("--model", args.model), ("--router-url", args.router_url), ("--prometheus", args.prometheus)):
         if value:
             out += [flag, value]
-    for flag, on in (("--no-fixed-output", args.no_fixed_output), ("--no-warmup", args.no_warmup)):
+    for flag, on in (
+        ("--no-fixed-output", args.no_fixed_output),
+        ("--no-warmup", args.no_warmup),
+        ("--no-bound", args.no_bound),
+    ):
         if on:
             out.append(flag)
     return out
+
+
+BREAKDOWN_NOTE = (
+    "TTFT is the client's, through the router; prefill hop is the router's X-PDX-Prefill-Ms (D->P read "
+    "included) and decode hop is TTFT - prefill hop. P/D engine TTFT, queue and prefill are the engines' own "
+    "vLLM histograms (from arrival in the engine, after the API server tokenized the prompt); queue contains "
+    "the NIXL read a request waited for. xfer/post: NIXL transfers the engine initiated, mean per transfer. "
+    "API+HTTP = hop - that engine's TTFT. bound: the same turns (other texts, same sizes) sent whole straight "
+    "to the first decode engine, which serves them from its prefix cache. `-`: not measured or not exported."
+)
+ENGINES_NOTE = (
+    "Differences of each engine's /metrics across the group (scope `all turns`) or summed around each "
+    "follow-up turn (`turns >= 2`, with one client). `-`: the role was not scraped or does not export it."
+)
 
 
 def _in_cluster(args: argparse.Namespace, doc: dict[str, Any] | None) -> int:
@@ -286,7 +317,13 @@ def _run(
     if args.model is None and doc is not None:
         args.model = served_model_name(doc)
     cfg = SweepConfig(
-        lengths=args.lengths, spec=spec, legs=legs, warmup=not args.no_warmup, timeout_s=args.timeout, model=args.model
+        lengths=args.lengths,
+        spec=spec,
+        legs=legs,
+        warmup=not args.no_warmup,
+        timeout_s=args.timeout,
+        model=args.model,
+        bound=not args.no_bound,
     )
     instance = (args.name or (doc or {}).get("metadata", {}).get("name")) if args.cluster else None
     return execute(target, cfg, args.out, _counter_for(args), prometheus=args.prometheus, instance=instance)
@@ -371,24 +408,51 @@ def execute(
         + ".",
         "Hit rate: share of follow-up turns whose X-PDX-Reuse was `hit`.",
     ]
-    if records and not any(r.reuse for r in records):
+    notes += [note for leg in results for note in leg.notes]
+    engines = {leg.leg: leg.engines for leg in results}
+    where = breakdowns(records, engines)
+    sections: list[tuple[str, str]] = []
+    if where:
+        table = markdown(BREAKDOWN_HEADERS, breakdown_rows(where))
+        sections.append(("Where ON's TTFT goes (ms)", f"{table}\n\n{BREAKDOWN_NOTE}"))
+    per_role = engine_rows(engines)
+    if per_role:
+        table = markdown(ENGINE_HEADERS, per_role)
+        sections.append(
+            ("Engine-side figures per role (ms: mean per observation (count))", f"{table}\n\n{ENGINES_NOTE}")
+        )
+    if records and not any(r.reuse for r in records if r.leg != "bound"):
         # A deployment keeps reuse facts from its clients unless router.reuseHeaders is on.
         notes.append(REUSE_HEADERS_OFF)
         print(f"pdx bench: {REUSE_HEADERS_OFF}", file=sys.stderr)
     rows, written = write_report(
-        records, out, title="pdx bench: bidirectional KV transfer OFF vs ON", context=context, notes=notes
+        records,
+        out,
+        title="pdx bench: bidirectional KV transfer OFF vs ON",
+        context=context,
+        notes=notes,
+        sections=sections,
     )
     files.update(written)
     summary = {
         "context": context,
         "rows": [_row_json(r) for r in rows],
         "errors": len(errors),
-        "router_stats": {leg.leg: leg.router_stats for leg in results},
+        "router_stats": {leg.leg: leg.router_stats for leg in results if leg.leg != "bound"},
+        "ttft_breakdown": [b.to_json() for b in where],
+        "engines": engines_json(engines),
+        "notes": notes,
     }
     files["summary"] = out / "summary.json"
     files["summary"].write_text(json.dumps(summary, indent=2) + "\n")
     print("TTFT in ms by prefix length (turns >= 2):")
     print(format_table(rows))
+    if where:
+        print("Where ON's TTFT goes (ms; hops and engine figures are means):")
+        print(plain(BREAKDOWN_HEADERS, breakdown_rows(where)))
+    for note in notes:
+        if note.startswith(("bound:", "engine metrics:")):
+            print(f"pdx bench: {note}", file=sys.stderr)
     for key, path in files.items():
         print(f"{key}: {path}")
     if errors:
@@ -408,4 +472,6 @@ def _row_json(row: Any) -> dict[str, Any]:
         "off": asdict(row.off) if row.off else None,
         "on": asdict(row.on) if row.on else None,
         "ratio": row.ratio,
+        "bound": asdict(row.bound) if row.bound else None,
+        "on_over_bound": None if row.on_over_bound != row.on_over_bound else row.on_over_bound,
     }

@@ -14,16 +14,16 @@ import copy
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
 
 from .client import RunResult, run
-from .enginemetrics import EngineScraper
+from .enginemetrics import EngineScraper, GroupEngines, snapshot_delta, xfer_totals
 from .records import RequestRecord, spread_group_transfer
-from .workload import TokenCounter, WorkloadSpec, build
+from .workload import TokenCounter, Workload, WorkloadSpec, build
 
 GROUP = "inference.pdx.dev"
 VERSION = "v1alpha1"
@@ -283,6 +283,12 @@ class SweepConfig:
     warmup: bool = True
     timeout_s: float = 300.0
     model: str | None = None  # served model name; else the leg's, else the router's /v1/models
+    bound: bool = True  # in the ON leg, each length's workload once more straight to decode
+
+
+BOUND = "bound"
+BOUND_LEGS = ("on", "run")  # the legs whose topology the bound is measured on (run: --url)
+BOUND_SALT = ":bound"  # the bound's texts differ from ON's, sizes equal: decode caches ON's prompts
 
 
 @dataclass
@@ -291,6 +297,8 @@ class LegResult:
     records: list[RequestRecord]
     errors: list[dict[str, Any]]
     router_stats: dict[str, Any] | None = None
+    engines: dict[int, GroupEngines] = field(default_factory=dict)  # per prefix length
+    notes: list[str] = field(default_factory=list)
 
 
 async def _model_name(session: aiohttp.ClientSession, url: str) -> str:
@@ -311,6 +319,86 @@ async def _router_stats(session: aiohttp.ClientSession, url: str) -> dict[str, A
         return None
 
 
+async def _engine_models(session: aiohttp.ClientSession, url: str, timeout_s: float = 10.0) -> list[str] | str:
+    """The model ids an engine's OpenAI API serves, or why it did not answer."""
+    try:
+        async with session.get(url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            if resp.status != 200:
+                return f"answered /v1/models with HTTP {resp.status}"
+            data = await resp.json(content_type=None)
+        return [str(m["id"]) for m in data["data"]]
+    except (aiohttp.ClientError, TimeoutError) as err:
+        return f"not reachable ({err!r})"
+    except (ValueError, KeyError, TypeError) as err:
+        return f"answered /v1/models with no model list ({err!r})"
+
+
+async def _group(
+    session: aiohttp.ClientSession,
+    scraper: EngineScraper,
+    url: str,
+    model: str,
+    workload: Workload,
+    counter: TokenCounter,
+    cfg: SweepConfig,
+    leg: str,
+    progress: Callable[[RequestRecord | None], None] | None,
+    bound: bool = False,
+) -> tuple[RunResult, GroupEngines]:
+    """One (leg, length) group, every engine scraped before and after."""
+    before = await scraper.snapshot()
+    res = await run(
+        session,
+        url,
+        model,
+        workload,
+        counter=counter,
+        scraper=scraper,
+        leg=leg,
+        send_conversation_id=not bound,  # decode serves a plain request itself; router fields stay out
+        transfer_role=None if bound else "prefill",
+        on_done=progress,
+        timeout_s=cfg.timeout_s,
+    )
+    engines = GroupEngines(all_turns=snapshot_delta(await scraper.snapshot(), before), followups=res.followups)
+    prefill = engines.all_turns.get("prefill")
+    if prefill is not None and not bound:
+        xfer = xfer_totals(prefill)
+        spread_group_transfer(res.records, xfer.seconds * 1000, xfer.bytes)
+    return res, engines
+
+
+@dataclass(frozen=True)
+class BoundPlan:
+    """Where the bound runs (decode's first engine) and under which model name, or why not."""
+
+    url: str | None = None
+    model: str | None = None
+    note: str | None = None
+
+
+async def plan_bound(
+    session: aiohttp.ClientSession, ep: Endpoints, cfg: SweepConfig, leg: str, model: str
+) -> BoundPlan:
+    if leg not in BOUND_LEGS:
+        return BoundPlan()
+    if not cfg.bound:
+        return BoundPlan(note="bound: not measured (--no-bound)")
+    decode = ep.engine_urls.get("decode") or []
+    if not decode:
+        return BoundPlan(
+            note="bound: not measured, no decode engine URL known (with --url, add --engine-url decode=URL)"
+        )
+    models = await _engine_models(session, decode[0])
+    if isinstance(models, str) or not models:
+        return BoundPlan(note=f"bound: not measured, decode engine {decode[0]} {models or 'serves no model'}")
+    if model in models:
+        return BoundPlan(url=decode[0], model=model)
+    return BoundPlan(
+        url=decode[0], model=models[0], note=f"bound: decode serves {models[0]!r}, not {model!r}; sent that"
+    )
+
+
 async def run_leg(
     ep: Endpoints,
     cfg: SweepConfig,
@@ -318,8 +406,13 @@ async def run_leg(
     counter: TokenCounter,
     run_id: str,
     progress: Callable[[RequestRecord | None], None] | None = None,
-) -> LegResult:
-    """All prefix lengths against one deployment; warmup first, kept out of the records."""
+) -> list[LegResult]:
+    """All prefix lengths against one deployment; warmup first, kept out of the records.
+
+    In the ON leg (or a --url run), each length's conversations are followed by the same
+    workload, salted texts, sent whole straight to the first decode engine: the bound, a leg
+    of its own.
+    """
     async with aiohttp.ClientSession() as session:
         model = cfg.model or ep.served_model_name or await _model_name(session, ep.router_url)
         scraper = EngineScraper(session, ep.engine_urls)
@@ -332,30 +425,33 @@ async def run_leg(
                 label=f"{run_id}-{leg}-warmup",
             )
             await run(session, ep.router_url, model, warm, counter=counter, timeout_s=cfg.timeout_s)
-        records: list[RequestRecord] = []
-        errors: list[dict[str, Any]] = []
+        main = LegResult(leg=leg, records=[], errors=[])
+        plan = await plan_bound(session, ep, cfg, leg, model)
+        bound = LegResult(leg=BOUND, records=[], errors=[]) if plan.url else None
+        if plan.note:
+            main.notes.append(plan.note)
         for length in cfg.lengths:
-            workload = build(cfg.spec.with_prefix(length), counter, label=f"{run_id}-{leg}")
-            before = await scraper.role("prefill")
-            res: RunResult = await run(
-                session,
-                ep.router_url,
-                model,
-                workload,
-                counter=counter,
-                scraper=scraper,
-                leg=leg,
-                on_done=progress,
-                timeout_s=cfg.timeout_s,
-            )
-            after = await scraper.role("prefill")
-            if before is not None and after is not None:
-                delta = after - before
-                spread_group_transfer(res.records, delta.seconds * 1000, delta.bytes)
-            records += res.records
-            errors += [{**e, "prefix_tokens": length, "leg": leg} for e in res.errors]
-        stats = await _router_stats(session, ep.router_url)
-    return LegResult(leg=leg, records=records, errors=errors, router_stats=stats)
+            spec = cfg.spec.with_prefix(length)
+            res, main.engines[length] = await _group(
+                session, scraper, ep.router_url, model, build(spec, counter, label=f"{run_id}-{leg}"),
+                counter, cfg, leg, progress,
+            )  # fmt: skip
+            main.records += res.records
+            main.errors += [{**e, "prefix_tokens": length, "leg": leg} for e in res.errors]
+            if bound is not None and plan.url is not None and plan.model is not None:
+                salted = build(replace(spec, text_salt=BOUND_SALT), counter, label=f"{run_id}-{BOUND}")
+                res, bound.engines[length] = await _group(
+                    session, scraper, plan.url, plan.model, salted, counter, cfg, BOUND, progress, bound=True
+                )
+                bound.records += res.records
+                bound.errors += [{**e, "prefix_tokens": length, "leg": BOUND} for e in res.errors]
+            elif leg in BOUND_LEGS and cfg.bound and progress is not None:
+                for _ in range(spec.turns * spec.conversations):  # the bar still reaches its total
+                    progress(None)
+        main.notes += [f"engine metrics: {url} not reachable, its role left blank: {why}"
+                       for url, why in scraper.unreachable.items()]  # fmt: skip
+        main.router_stats = await _router_stats(session, ep.router_url)
+    return [main] if bound is None else [main, bound]
 
 
 def run_sweep(
@@ -374,12 +470,13 @@ def run_sweep(
             on_leg_start(leg)
         with target.serve(bidir) as ep:
             counter = counter_for(ep)
-            results.append(asyncio.run(run_leg(ep, cfg, leg, counter, run_id, progress)))
+            results += asyncio.run(run_leg(ep, cfg, leg, counter, run_id, progress))
     return results
 
 
 def total_requests(cfg: SweepConfig) -> int:
-    return len(cfg.legs) * len(cfg.lengths) * cfg.spec.turns * cfg.spec.conversations
+    legs = len(cfg.legs) + (sum(1 for b in cfg.legs if _leg(b) in BOUND_LEGS) if cfg.bound else 0)
+    return legs * len(cfg.lengths) * cfg.spec.turns * cfg.spec.conversations
 
 
 def all_records(results: Sequence[LegResult]) -> list[RequestRecord]:

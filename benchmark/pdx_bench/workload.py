@@ -97,6 +97,9 @@ class WorkloadSpec:
     shared_prefix: bool = True  # one system prompt for all conversations (an agent's instructions)
     system_role: bool = True  # False: fold the prefix into the first user turn (vLLM's benchmark format)
     fixed_output: bool = True  # send min_tokens = max_tokens so history grows by the same amount each turn
+    # Other texts of the same sizes: a leg on an engine that may still cache another leg's
+    # prompts (the bound, on the ON leg's decode) must not find its own suffix there.
+    text_salt: str = ""
 
     def __post_init__(self) -> None:
         for name in ("prefix_tokens", "user_tokens", "tool_tokens", "output_tokens"):
@@ -198,8 +201,9 @@ def build(spec: WorkloadSpec, counter: TokenCounter | None = None, label: str = 
     router that outlives a leg never mistakes them for the previous leg's).
     """
     counter = counter or WordCounter()
-    rng = random.Random(f"{spec.seed}:{spec.prefix_tokens}")
-    shared = _system_prompt(random.Random(f"{spec.seed}:system:{spec.prefix_tokens}"), spec.prefix_tokens, counter)
+    seed = f"{spec.seed}{spec.text_salt}"
+    rng = random.Random(f"{seed}:{spec.prefix_tokens}")
+    shared = _system_prompt(random.Random(f"{seed}:system:{spec.prefix_tokens}"), spec.prefix_tokens, counter)
     convs: list[Conversation] = []
     for c in range(spec.conversations):
         conv_id = f"{label}-s{spec.seed}-p{spec.prefix_tokens}-c{c}"

@@ -1,4 +1,10 @@
-"""A tiny OpenAI-style streaming server with the router's X-PDX headers, on loopback."""
+"""Tiny OpenAI-style streaming servers on loopback: a router with its X-PDX headers, and engines.
+
+`FakeEngine` plays a vLLM engine: a plain chat endpoint (what decode serves a request without
+`kv_transfer_params` with) and `/metrics` with vLLM's request histograms and NIXL's, fixed
+amounts per request so tests can check the arithmetic. A `FakeRouter` given engines books
+what each would have counted for the requests it routes.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +13,107 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import orjson
 from aiohttp import web
 from prometheus_client import generate_latest
 
+from pdx_bench.enginemetrics import HISTOGRAMS, POST_TIME, PREFILL_TIME, QUEUE_TIME, TTFT, XFER_BYTES, XFER_TIME
 from pdx_router.metrics import Metrics
 from pdx_router.policy import Outcome
+
+
+class Served(Protocol):
+    def app(self) -> web.Application: ...
+
+
+def _prompt_tokens(body: dict[str, Any]) -> int:
+    return sum(len(m["content"].split()) + 4 for m in body["messages"]) + 3
+
+
+async def _stream(resp: web.StreamResponse, body: dict[str, Any], tag: str, usage: bool) -> None:
+    """An answer of `max_tokens` words, then usage and [DONE]."""
+
+    async def send(obj: dict[str, Any]) -> None:
+        await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
+
+    n = int(body["max_tokens"])
+    for i in range(n):
+        await send({"choices": [{"index": 0, "delta": {"content": f" {tag}x{i}"}}]})
+    if usage:
+        await send({"choices": [], "usage": {"prompt_tokens": _prompt_tokens(body), "completion_tokens": n}})
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+
+
+@dataclass
+class FakeEngine:
+    """A vLLM engine as pdx bench sees it: `/v1/chat/completions`, `/v1/models`, `/metrics`.
+
+    Each request it answers itself books `own` into its histograms (seconds); `book` adds what a
+    router's request would have cost it. `exports` lists the histograms its /metrics shows; the
+    others it does not export at all. Its figures are split over two label sets (two engines
+    behind one API server, as with data parallelism) so that summing is exercised.
+    """
+
+    model: str = "pdx-tiny"
+    own: dict[str, float] = field(default_factory=lambda: {TTFT: 0.007, QUEUE_TIME: 0.001, PREFILL_TIME: 0.005})
+    exports: tuple[str, ...] = HISTOGRAMS
+    status: int = 200  # of every chat answer
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, float] = field(default_factory=dict)
+
+    def book(self, amounts: dict[str, float]) -> None:
+        for name, value in amounts.items():
+            self.sums[name] = self.sums.get(name, 0.0) + value
+            self.counts[name] = self.counts.get(name, 0.0) + 1
+
+    async def chat(self, req: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await req.read())
+        self.bodies.append(body)
+        self.headers.append(dict(req.headers))
+        if self.status != 200:
+            return web.json_response({"error": {"message": "no"}}, status=self.status)
+        self.book(self.own)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(req)
+        await _stream(resp, body, f"e{len(self.bodies)}", usage=True)
+        return resp
+
+    async def metrics(self, _req: web.Request) -> web.Response:
+        lines = ["# HELP vllm:num_requests_running Running.", "# TYPE vllm:num_requests_running gauge",
+                 'vllm:num_requests_running{engine="0",model_name="m"} 0.0']  # fmt: skip
+        for name in self.exports:
+            total, count = self.sums.get(name, 0.0), self.counts.get(name, 0.0)
+            lines += [f"# HELP {name} Histogram.", f"# TYPE {name} histogram"]
+            for engine, share in (("0", 0.25), ("1", 0.75)):
+                labels = f'engine="{engine}",model_name="m"'
+                lines += [
+                    f'{name}_bucket{{{labels},le="+Inf"}} {count * share}',
+                    f"{name}_count{{{labels}}} {count * share}",
+                    f"{name}_sum{{{labels}}} {total * share}",
+                ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def models(self, _req: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/v1/models", self.models)
+        return app
+
+
+# What a routed request costs each engine (seconds); a D->P read only on a hit.
+PREFILL_BOOKS = {TTFT: 0.010, QUEUE_TIME: 0.003, PREFILL_TIME: 0.006}
+DECODE_BOOKS = {TTFT: 0.008, QUEUE_TIME: 0.004, PREFILL_TIME: 0.002, XFER_TIME: 0.002, POST_TIME: 0.0005}
+D2P_BOOKS = {XFER_TIME: 0.004, POST_TIME: 0.001, XFER_BYTES: 1024.0}
 
 
 @dataclass
@@ -32,9 +131,11 @@ class FakeRouter:
     xfer_count: int = 0
     reuse_headers: bool = True  # off: as a deployment without router.reuseHeaders
     router_metrics: Metrics = field(default_factory=Metrics)  # the router's own, on /metrics
+    prefill: FakeEngine | None = None  # engines that book what each request costs them
+    decode: FakeEngine | None = None
 
     def prompt_tokens(self, body: dict[str, Any]) -> int:
-        return sum(len(m["content"].split()) + 4 for m in body["messages"]) + 3
+        return _prompt_tokens(body)
 
     async def chat(self, req: web.Request) -> web.StreamResponse:
         body = orjson.loads(await req.read())
@@ -50,6 +151,10 @@ class FakeRouter:
         if hit:  # the D->P read prefill would do, as its NIXL histogram would count it
             self.xfer_seconds += 0.004
             self.xfer_count += 1
+        if self.prefill is not None:
+            self.prefill.book({**PREFILL_BOOKS, **(D2P_BOOKS if hit else {})})
+        if self.decode is not None:
+            self.decode.book(DECODE_BOOKS)
         facts = {
             "X-PDX-Prefill-Ms": "12.5" if hit else "40.0",
             "X-PDX-Reuse": "hit" if hit else "miss",
@@ -108,17 +213,20 @@ class FakeRouter:
         return app
 
 
-class ThreadedFake:
-    """A FakeRouter on its own event loop in a thread: for code that calls asyncio.run itself."""
+F = TypeVar("F", bound=Served)
 
-    def __init__(self, fake: FakeRouter) -> None:
+
+class ThreadedFake(Generic[F]):
+    """A fake on its own event loop in a thread: for code that calls asyncio.run itself."""
+
+    def __init__(self, fake: F) -> None:
         self.fake = fake
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._cm: Any = None
 
-    def __enter__(self) -> ThreadedFake:
+    def __enter__(self) -> ThreadedFake[F]:
         self._thread.start()
         self._cm = serve(self.fake)
         self.url = asyncio.run_coroutine_threadsafe(self._cm.__aenter__(), self._loop).result(10)
@@ -132,7 +240,7 @@ class ThreadedFake:
 
 
 @asynccontextmanager
-async def serve(fake: FakeRouter) -> AsyncIterator[str]:
+async def serve(fake: Served) -> AsyncIterator[str]:
     runner = web.AppRunner(fake.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -142,3 +250,65 @@ async def serve(fake: FakeRouter) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+class FakeTopology:
+    """Stands in for pdx.local.topology.LocalTopology: same constructor and attributes.
+
+    A fake router in front of a fake prefill and a fake decode engine, each on its own port.
+    `with_decode = False` leaves decode's URL out, as a topology that did not name it.
+    """
+
+    started: ClassVar[list[dict[str, Any]]] = []
+    models: ClassVar[set[str]] = set()
+    decodes: ClassVar[list[FakeEngine]] = []
+    routers: ClassVar[list[FakeRouter]] = []
+    with_decode: ClassVar[bool] = True
+
+    def __init__(self, document: dict[str, Any], state_dir: Path | None = None) -> None:
+        self.document = document
+        bidir = bool(document["spec"]["kvTransfer"]["bidirectional"])
+        self.prefill, self.decode = FakeEngine(), FakeEngine()
+        self._fake = ThreadedFake(
+            FakeRouter(
+                first_token_delay=0.002,
+                token_delay=0.0,
+                bidirectional=bidir,
+                per_token_delay=2e-6,
+                prefill=self.prefill,
+                decode=self.decode,
+            )
+        )
+        self._engines = (ThreadedFake(self.prefill), ThreadedFake(self.decode))
+        self.model_dir = Path("/nonexistent-model-dir")
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.started, cls.models, cls.decodes, cls.routers, cls.with_decode = [], set(), [], [], True
+
+    def __enter__(self) -> FakeTopology:
+        FakeTopology.started.append(self.document)
+        for engine in self._engines:
+            engine.__enter__()
+        self._fake.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._fake.__exit__()
+        for engine in self._engines:
+            engine.__exit__()
+        FakeTopology.models |= {str(b["model"]) for b in self._fake.fake.bodies}
+        FakeTopology.decodes.append(self.decode)
+        FakeTopology.routers.append(self._fake.fake)
+
+    @property
+    def router_url(self) -> str:
+        return self._fake.url
+
+    @property
+    def engine_urls(self) -> dict[str, list[str]]:
+        decode = [self._engines[1].url] if self.with_decode else []
+        return {"prefill": [self._engines[0].url], "decode": decode}
+
+    def peak_rss_mib(self) -> dict[str, float]:
+        return {"local-prefill-0": 4608.0, "local-router-0": 41.0}

@@ -6,7 +6,7 @@ import argparse
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import kubernetes_validate
 import pytest
@@ -17,51 +17,15 @@ from pdx_bench.records import VLLM_FIELDS, read_records
 from pdx_bench.sweep import LocalTarget, SweepConfig, UrlTarget, run_sweep
 from pdx_bench.workload import WordCounter, WorkloadSpec
 
-from .fakeserver import FakeRouter, ThreadedFake
+from .fakeserver import FakeRouter, FakeTopology, ThreadedFake
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "local-cpu.yaml"
 K8S_VERSION = "1.37.0"
 
 
-class FakeTopology:
-    """Stands in for pdx.local.topology.LocalTopology: same constructor and attributes."""
-
-    started: ClassVar[list[dict[str, Any]]] = []
-    models: ClassVar[set[str]] = set()
-
-    def __init__(self, document: dict[str, Any], state_dir: Path | None = None) -> None:
-        self.document = document
-        bidir = bool(document["spec"]["kvTransfer"]["bidirectional"])
-        self._fake = ThreadedFake(
-            FakeRouter(first_token_delay=0.002, token_delay=0.0, bidirectional=bidir, per_token_delay=2e-6)
-        )
-        self.model_dir = Path("/nonexistent-model-dir")
-
-    def __enter__(self) -> FakeTopology:
-        FakeTopology.started.append(self.document)
-        self._fake.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._fake.__exit__()
-        FakeTopology.models |= {str(b["model"]) for b in self._fake.fake.bodies}
-
-    @property
-    def router_url(self) -> str:
-        return self._fake.url
-
-    @property
-    def engine_urls(self) -> dict[str, list[str]]:
-        return {"prefill": [self._fake.url], "decode": []}
-
-    def peak_rss_mib(self) -> dict[str, float]:
-        return {"local-prefill-0": 4608.0, "local-router-0": 41.0}
-
-
 @pytest.fixture(autouse=True)
 def _reset() -> Iterator[None]:
-    FakeTopology.started = []
-    FakeTopology.models = set()
+    FakeTopology.reset()
     yield
 
 
@@ -80,7 +44,8 @@ def test_local_sweep_flips_the_cr_per_leg() -> None:
     assert seen == ["off", "on"]
     assert [d["spec"]["kvTransfer"]["bidirectional"] for d in FakeTopology.started] == [False, True]
     assert _doc()["spec"]["kvTransfer"]["bidirectional"] is True  # the user's document is not edited in place
-    off, on = results
+    off, on, bound = results  # the bound: measured while ON's topology serves
+    assert bound.leg == "bound" and len(bound.records) == len(on.records)
     assert len(off.records) == len(on.records) == 2 * 2 * 3
     assert {r.reuse for r in off.records} == {"miss"}
     assert {r.reuse for r in on.records if r.turn > 1} == {"hit"}
