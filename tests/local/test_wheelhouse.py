@@ -255,13 +255,17 @@ def test_the_record_check_finds_a_member_that_changed(tmp_path: Path) -> None:
     assert wh.record_problems(tampered) == ["vllm/vllm-rs: hash differs from RECORD"]
 
 
-def test_nixl_loses_its_expert_parallel_library(tmp_path: Path) -> None:
+def test_nixl_loses_its_expert_parallel_library_and_its_loader(tmp_path: Path) -> None:
     members = {"nixl_cu13/__init__.py": b"", "nixl_ep_cu13/nixl_ep_cpp_torch213.cpython-312-x86_64-linux-gnu.so": b"ep"}
     src = make_wheel(tmp_path, "nixl-cu13", "1.5.1", [], members)
     dst = tmp_path / "trimmed.whl"
     removed = wh.trim_wheel(src, dst, wh.trim_rules(wh.Target())[canonicalize_name("nixl_cu13")])
     assert [m for m, _, _ in removed] == ["nixl_ep_cu13/nixl_ep_cpp_torch213.cpython-312-x86_64-linux-gnu.so"]
     assert wh.record_problems(dst) == []
+    # and the meta package's loader of it, which vLLM's probe would find and fail to import
+    meta = make_wheel(tmp_path, "nixl", "1.5.1", [], {"nixl/__init__.py": b"", "nixl_ep/__init__.py": b"load"})
+    removed = wh.trim_wheel(meta, tmp_path / "meta.whl", wh.trim_rules(wh.Target())[canonicalize_name("nixl")])
+    assert [m for m, _, _ in removed] == ["nixl_ep/__init__.py"]
 
 
 def test_parts_never_exceed_the_limit_and_a_big_file_is_cut_into_pieces() -> None:

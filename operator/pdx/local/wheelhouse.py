@@ -400,6 +400,13 @@ def trim_rules(target: Target) -> dict[NormalizedName, tuple[Trim, ...]]:
                 f"DeepGEMM's extension for Pythons other than {target.python}",
             ),
         ),
+        canonicalize_name("nixl"): (
+            Trim(
+                r"nixl_ep/.*",
+                "the meta package's loader of nixl_ep_cuNN, which is trimmed: without it vLLM's probe for the "
+                "expert-parallel backend finds nothing, where it logged a failed import",
+            ),
+        ),
         canonicalize_name("nixl_cu12"): (nixl_ep,),
         canonicalize_name("nixl_cu13"): (nixl_ep,),
     }
