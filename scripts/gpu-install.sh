@@ -34,8 +34,6 @@ missing_parts() {
   fi
   while read -r part file; do
     [[ -e $STAGE/$file ]] && continue
-    # a piece counts as staged once its wheel was joined
-    [[ $file =~ ^(.+\.whl)\.part[0-9]+$ && -e $STAGE/${BASH_REMATCH[1]} ]] && continue
     [[ " ${missing[*]} " == *" $part "* ]] || missing+=("$part")
   done <"$STAGE/parts.txt"
   echo "${missing[*]}"
@@ -59,7 +57,8 @@ stage() {
   fi
 }
 
-# Join NAME.whl.part0, .part1, ... into NAME.whl (in order), then drop the pieces.
+# Join NAME.whl.part0, .part1, ... into NAME.whl, in order. The pieces stay: a part staged again
+# later (the same or another wheelhouse) is joined again from whole pieces, never from a mix.
 join_pieces() {
   local first whole i
   for first in "$STAGE"/*.whl.part0; do
@@ -72,7 +71,6 @@ join_pieces() {
       i=$((i + 1))
     done
     mv -f "$whole.joining" "$whole"
-    rm -f "$whole".part[0-9]*
     echo "gpu-install: joined $(basename "$whole") from $i pieces"
   done
 }

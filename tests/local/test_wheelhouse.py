@@ -322,7 +322,10 @@ def test_built_parts_fit_and_the_split_wheel_joins_back_to_its_sha256(tmp_path: 
     assert "every part staged" in runs[-2].stdout
     joined = tmp_path / "stage" / vllm["file"]
     assert hashlib.sha256(joined.read_bytes()).hexdigest() == vllm["sha256"]
-    assert not list((tmp_path / "stage").glob("*.part*"))
+    # staged again after the join (a part re-sent): joined again from the pieces, still whole
+    again = stage_and_verify(out, tmp_path / "stage", [vllm["pieces"][0]["part"]])
+    assert [r.returncode for r in again] == [0, 0], again[-1].stderr
+    assert hashlib.sha256(joined.read_bytes()).hexdigest() == vllm["sha256"]
 
 
 def test_verify_waits_for_every_part_and_refuses_a_damaged_piece(tmp_path: Path) -> None:
