@@ -5,10 +5,11 @@
 #
 #   gpu-bench.sh OUT_DIR [sweep] [load] [extra CR files...]
 #     sweep  one client, OFF then ON (and the lower bound), 3 conversations x 4 turns at $LENGTHS
-#     load   8 clients, 16 conversations x 4 turns at 16k tokens, OFF then ON
+#     load   8 clients, 16 conversations x 4 turns at 16k tokens, the legs in $LOAD_LEGS
 #     FILE   the sweep's ON leg again on another resource (e.g. a changed engine setting)
 #
-# Environment: LENGTHS (2000,8000,16000,24000,32000), PYTHON (python3), CR (examples/local-gpu.yaml).
+# Environment: LENGTHS (2000,8000,16000,24000,32000), LOAD_LEGS (off,on), PYTHON (python3),
+# CR (examples/local-gpu.yaml).
 set -uo pipefail
 out=${1:?usage: gpu-bench.sh OUT_DIR [sweep] [load] [CR files...]}
 shift
@@ -40,7 +41,8 @@ cat "$out/gpu.txt"
 for what in "${@:-sweep}"; do
   case $what in
     sweep) bench sweep -f "$CR" --lengths "$LENGTHS" --turns 4 --conversations 3 ;;
-    load) bench load -f "$CR" --lengths 16000 --turns 4 --conversations 16 --concurrency 8 ;;
+    load) bench load -f "$CR" --legs "${LOAD_LEGS:-off,on}" --no-bound --lengths 16000 --turns 4 --conversations 16 \
+      --concurrency 8 ;;
     *) bench "on-$(basename "$what" .yaml)" -f "$what" --legs on --lengths "$LENGTHS" --turns 4 --conversations 3 ;;
   esac
 done
