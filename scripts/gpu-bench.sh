@@ -6,10 +6,11 @@
 #   gpu-bench.sh OUT_DIR [sweep] [load] [extra CR files...]
 #     sweep  one client, OFF then ON (and the lower bound), 3 conversations x 4 turns at $LENGTHS
 #     load   8 clients, 16 conversations x 4 turns at 16k tokens, the legs in $LOAD_LEGS
-#     FILE   the sweep's ON leg again on another resource (e.g. a changed engine setting)
+#     FIELD=VALUE  the ON leg at $VARIANT_LENGTHS on the resource with one spec field changed
+#            (a dotted camelCase path under spec, e.g. kvTransfer.blockSize=128), without the bound
 #
-# Environment: LENGTHS (2000,8000,16000,24000,32000), LOAD_LEGS (off,on), PYTHON (python3),
-# CR (examples/local-gpu.yaml).
+# Environment: LENGTHS (2000,8000,16000,24000,32000), LOAD_LEGS (off,on), VARIANT_LENGTHS
+# (16000,24000), PYTHON (python3), CR (examples/local-gpu.yaml).
 set -uo pipefail
 out=${1:?usage: gpu-bench.sh OUT_DIR [sweep] [load] [CR files...]}
 shift
@@ -18,6 +19,24 @@ PY=${PYTHON:-python3}
 CR=${CR:-examples/local-gpu.yaml}
 LENGTHS=${LENGTHS:-2000,8000,16000,24000,32000}
 state=${PDX_CACHE:-$HOME/.cache/pdx}/local
+
+# The resource with one spec field set: FIELD=VALUE -> a file in $out, its path printed.
+variant() {
+  "$PY" - "$CR" "$1" "$out" <<'PY'
+import sys, yaml
+cr, change, out = sys.argv[1:]
+path, _, value = change.partition("=")
+doc = yaml.safe_load(open(cr))
+node = doc["spec"]
+*parents, leaf = path.split(".")
+for key in parents:
+    node = node.setdefault(key, {})
+node[leaf] = yaml.safe_load(value)
+name = f"{out}/cr-{path.replace('.', '-')}-{value}.yaml"
+yaml.safe_dump(doc, open(name, "w"), sort_keys=False)
+print(name)
+PY
+}
 
 pdx() { "$PY" -c 'import sys, pdx_cli; sys.argv[0] = "pdx"; pdx_cli.main()' "$@"; }
 
@@ -43,7 +62,12 @@ for what in "${@:-sweep}"; do
     sweep) bench sweep -f "$CR" --lengths "$LENGTHS" --turns 4 --conversations 3 ;;
     load) bench load -f "$CR" --legs "${LOAD_LEGS:-off,on}" --no-bound --lengths 16000 --turns 4 --conversations 16 \
       --concurrency 8 ;;
-    *) bench "on-$(basename "$what" .yaml)" -f "$what" --legs on --lengths "$LENGTHS" --turns 4 --conversations 3 ;;
+    *=*)
+      cr=$(variant "$what") || exit 1
+      bench "on-$(basename "$cr" .yaml)" -f "$cr" --legs on --no-bound --lengths "${VARIANT_LENGTHS:-16000,24000}" \
+        --turns 4 --conversations 3
+      ;;
+    *) echo "gpu-bench.sh: unknown run $what (sweep, load, FIELD=VALUE)" >&2 ;;
   esac
 done
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
