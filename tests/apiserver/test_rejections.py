@@ -117,7 +117,7 @@ TABLE: dict[str, Row] = {
     ),
     "unknown instance type without GPU counts": _cel(
         "placement.instanceType",
-        "placement.instanceType has no profile (known: cpu, p4d.24xlarge, p5.48xlarge, p5e.48xlarge, "
+        "placement.instanceType has no profile (known: cpu, gpu, p4d.24xlarge, p5.48xlarge, p5e.48xlarge, "
         "p5en.48xlarge): use one of those, or set placement.gpusPerNode and placement.efaDevicesPerNode",
     ),
     "LIBFABRIC without EFA": _cel(
