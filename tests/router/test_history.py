@@ -1,0 +1,84 @@
+"""The history digests that find a conversation without an id (policy/history.py)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pdx_router.policy import history, shapes
+
+T, S = "a" * 32, "b" * 32
+
+
+def u(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def a(text: str | None, **extra: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": text, **extra}
+
+
+def test_the_next_request_names_the_stored_turn_first() -> None:
+    sent = [{"role": "system", "content": "be brief"}, u("hi")]
+    stored = history.of_messages(sent).turn(history.answer_message("hello", None))
+    follow = history.of_messages([*sent, a("hello"), u("more")])
+    assert follow.lookup[0] == stored
+
+
+def test_the_longest_prefix_is_tried_first_one_key_per_assistant_turn() -> None:
+    msgs = [u("1"), a("x"), u("2"), a("y"), u("3")]
+    h = history.of_messages(msgs)
+    assert len(h.lookup) == 2
+    assert h.lookup[0] == history.of_messages(msgs[:3]).turn(a("y"))
+    assert h.lookup[1] == history.of_messages(msgs[:1]).turn(a("x"))
+
+
+def test_content_as_text_parts_or_string_reads_the_same() -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    assert history.canonical(u("a\nb")) == history.canonical({"role": "user", "content": parts})
+    assert history.canonical(a(None)) == history.canonical({"role": "assistant"})
+    assert history.canonical(a("")) == history.canonical(a(None))
+
+
+def test_reasoning_and_unknown_fields_do_not_count() -> None:
+    assert history.canonical(a("x", reasoning_content="think")) == history.canonical(a("x"))
+
+
+def test_an_edited_assistant_message_names_another_turn() -> None:
+    stored = history.of_messages([u("hi")]).turn(a("hello"))
+    assert history.of_messages([u("hi"), a("hello!"), u("more")]).lookup[0] != stored
+
+
+def test_tool_calls_and_results_by_call_id() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+    other = {"id": "c2", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+    assert history.canonical(a(None, tool_calls=[call])) != history.canonical(a(None, tool_calls=[other]))
+    r1 = {"role": "tool", "tool_call_id": "c1", "content": "42"}
+    r2 = {"role": "tool", "tool_call_id": "c2", "content": "42"}
+    assert history.canonical(r1) != history.canonical(r2)
+    stored = history.of_messages([u("q")]).turn(history.answer_message(None, [call]))
+    assert history.of_messages([u("q"), a(None, tool_calls=[call]), r1]).lookup[0] == stored
+
+
+def test_roles_and_order_matter() -> None:
+    assert history.of_messages([u("x"), a("y")]).head != history.of_messages([a("x"), a("y")]).head
+    assert history.of_messages([u("x"), u("y")]).head != history.of_messages([u("y"), u("x")]).head
+
+
+def test_thousands_of_messages_try_a_bounded_number_of_keys_in_linear_time() -> None:
+    msgs = [m for i in range(5000) for m in (u(f"q{i}"), a(f"r{i}"))]
+    t0 = time.perf_counter()
+    h = history.of_messages(msgs)
+    elapsed = time.perf_counter() - t0
+    assert len(h.lookup) == history.MAX_KEYS
+    assert h.lookup[0] == history.of_messages(msgs[:-1]).turn(msgs[-1])
+    assert elapsed < 1.0  # ~10k messages: a few tens of ms
+
+
+def test_keys_are_bound_to_tenant_and_scope_and_no_id_names_one() -> None:
+    d = history.of_messages([u("hi"), a("x")]).lookup[0]
+    k = history.key(T, S, d)
+    assert k != history.key("c" * 32, S, d)
+    assert k != history.key(T, "c" * 32, d)
+    assert k != shapes.entry_key(T, d.hex(), S)
+    assert k != shapes.entry_key(T, "\x01" + d.hex(), S)
