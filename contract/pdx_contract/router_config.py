@@ -49,6 +49,7 @@ class StoreConfig(Document):
 
 
 TenantIdentity = Literal["apiKey", "header", "single"]
+ConversationFrom = Literal["id", "history", "both"]
 
 
 class TenancyConfig(Document):
@@ -90,6 +91,10 @@ class RouterConfig(Document):
     kv_recompute_threshold: int = Field(default=64, ge=0)
     max_entries: int = Field(default=100_000, ge=1)
     tenancy: TenancyConfig = TenancyConfig()
+    conversation_from: ConversationFrom = "both"
+    """How a turn finds its conversation's entry: `id` (the body's `conversation_id` or the
+    X-Session-ID header), `history` (the digest of the messages up to an assistant turn, for
+    clients that send no id), or `both` (an id when sent, else the history)."""
     reuse_headers: bool = False
     """Answer with X-PDX-Reuse, X-PDX-Reused-Tokens and X-PDX-Prefill-Ms: facts about the stored
     entries, so only for a trusted client (the local demo, `pdx bench`)."""

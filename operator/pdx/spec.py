@@ -349,6 +349,10 @@ class RouterSpec(_Spec):
     tenant_header: str | None = Field(default=None, min_length=1)
     """Deprecated: use `tenancy` (identity `header`). Still read as that identity, now combined
     with the API key."""
+    conversation_from: Literal["id", "history", "both"] = "both"
+    """How the router finds a turn's conversation: `id` (the body's `conversation_id` or the
+    X-Session-ID header), `history` (the messages up to an assistant turn, so any OpenAI client
+    reuses without sending an id), or `both` (an id when sent, else the history)."""
     reuse_headers: bool = False
     """Answer with X-PDX-Reuse, X-PDX-Reused-Tokens and X-PDX-Prefill-Ms. They describe the
     stored entries: turn them on only for trusted clients (a benchmark, the local demo)."""

@@ -50,3 +50,9 @@ def test_a_deployment_by_default_keys_tenants_on_the_api_key_and_tells_clients_n
 def test_the_local_demo_is_one_trusted_client_that_reads_the_reuse_facts() -> None:
     cfg = router_config(target(ROOT / "examples" / "local-cpu.yaml"), "g")
     assert cfg.tenancy.identity == "single" and cfg.reuse_headers
+
+
+def test_conversations_are_found_by_id_or_history_unless_the_cr_says_otherwise() -> None:
+    assert router_config(target(), "g").conversation_from == "both"
+    cfg = router_config(target(spec__router__conversationFrom="id"), "g")
+    assert cfg.conversation_from == "id" and cfg.to_json()["conversationFrom"] == "id"

@@ -51,6 +51,7 @@ def router_config(target: Target, config_hash: str) -> RouterConfig:
         kv_recompute_threshold=spec.kv_transfer.kv_recompute_threshold,
         max_entries=router.max_entries,
         tenancy=TenancyConfig(identity=tenancy.identity, header=tenancy.header),
+        conversation_from=router.conversation_from,
         reuse_headers=router.reuse_headers,
         engine_api_key_file=f"{ENGINE_KEY_DIR}/{ENGINE_KEY_FILE}" if spec.engine_api_key_secret else None,
         store=StoreConfig(
