@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from .entries import Entry
@@ -36,6 +37,11 @@ REDIS_TIMEOUT_SECONDS = 1.0
 
 class Store(Protocol):
     async def take(self, key: str) -> Entry | None: ...
+
+    async def take_first(self, keys: Sequence[str]) -> Entry | None:
+        """Take the entry of the first key that holds one (a history's, longest first), in
+        one atomic step: two turns continuing one history never both get it."""
+        ...
 
     async def put(self, key: str, entry: Entry) -> None:
         """Keep `entry` under `key`, bounded by `entry.tenant`'s share."""
@@ -104,6 +110,12 @@ class MemoryStore:
 
     async def take(self, key: str) -> Entry | None:
         return self._drop(key)
+
+    async def take_first(self, keys: Sequence[str]) -> Entry | None:
+        for key in keys:
+            if (entry := self._drop(key)) is not None:
+                return entry
+        return None
 
     async def put(self, key: str, entry: Entry) -> None:
         self._drop(key)
@@ -198,6 +210,21 @@ drop(k)
 return value
 """
 )
+# ARGV: prefix, then keys -> the value of the first key that holds one, or nil
+_LUA_TAKE_FIRST = (
+    _LUA_COMMON
+    + """
+for i = 2, #ARGV do
+  local k = P..ARGV[i]
+  local value = redis.call('GET', k)
+  if value then
+    drop(k)
+    return value
+  end
+end
+return nil
+"""
+)
 # ARGV: prefix, key, value, keep_ms, score, now, size, tenant id, max entries, max bytes,
 # max bytes per tenant (0: no bound), holder id -> 1 if kept
 _LUA_PUT = (
@@ -287,12 +314,17 @@ class RedisStore:
         self._max_tenant = tenant_bound or 0
         self._grace = grace
         self._take = self._redis.register_script(_LUA_TAKE)
+        self._take_first = self._redis.register_script(_LUA_TAKE_FIRST)
         self._put = self._redis.register_script(_LUA_PUT)
         self._usage = self._redis.register_script(_LUA_USAGE)
         self._holding = self._redis.register_script(_LUA_HOLDING)
 
     async def take(self, key: str) -> Entry | None:
         raw = await self._take(args=[self._prefix, key, time.time()])
+        return Entry.from_bytes(raw) if raw is not None else None
+
+    async def take_first(self, keys: Sequence[str]) -> Entry | None:
+        raw = await self._take_first(args=[self._prefix, *keys])
         return Entry.from_bytes(raw) if raw is not None else None
 
     async def put(self, key: str, entry: Entry) -> None:

@@ -692,6 +692,9 @@ class DownStore:
     async def take(self, key: str) -> Any:
         raise ConnectionError("store down")
 
+    async def take_first(self, keys: Any) -> Any:
+        raise ConnectionError("store down")
+
     async def put(self, key: str, entry: Any) -> None:
         raise ConnectionError("store down")
 

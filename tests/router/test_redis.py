@@ -163,3 +163,21 @@ async def test_both_stores_count_the_live_entries_a_decode_holds_of_one_generati
         assert await store.holding("http://d9", "g") == 0
     finally:
         await store.close()
+
+
+async def test_take_first_takes_the_first_key_that_holds_an_entry_once(redis_url: str) -> None:
+    """A history's keys, longest first: one atomic step, so two forks never both get it."""
+    e = Entry({"remote_num_tokens": 1}, of_list([1]), "http://d", "g", 1e10, 1e10 + 5, tenant="t")
+    stores: list[Store] = [MemoryStore(10), RedisStore(redis_url, "pdx-test-first:", max_entries=10)]
+    for store in stores:
+        try:
+            await store.put("short", e)
+            await store.put("long", replace(e, token_ids=of_list([1, 2])))
+            got = await store.take_first(["missing", "long", "short"])
+            assert got is not None and to_list(got.token_ids) == [1, 2]
+            got = await store.take_first(["missing", "long", "short"])
+            assert got is not None and to_list(got.token_ids) == [1]
+            assert await store.take_first(["long", "short"]) is None
+            assert await store.count() == 0
+        finally:
+            await store.close()
