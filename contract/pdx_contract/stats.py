@@ -47,6 +47,15 @@ class PromptIdSources(_Read):
     engine: int = 0
 
 
+class FoundCounts(_Read):
+    """Turns that found their conversation's entry, by how they named the conversation: the
+    body's `conversation_id`, the X-Session-ID header, or the history of their messages."""
+
+    id: int = 0
+    header: int = 0
+    history: int = 0
+
+
 class GapSummary(_Read):
     count: int = 0
     p50: float = 0.0
@@ -59,6 +68,7 @@ class RouterStats(_Read):
     reused_tokens: int = 0
     tokenize_mismatch: int = 0
     prompt_ids: PromptIdSources = PromptIdSources()
+    found_by: FoundCounts = FoundCounts()
     entries: int = 0
     store_bytes: int = 0
     """The entries' bytes as the store bounds them (`store.maxBytes`); with the entries' ids,

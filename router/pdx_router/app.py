@@ -21,6 +21,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pdx_contract import kv_prefix
 from pdx_contract.stats import Holding
 
+from . import answer
+from .answer import StreamedAnswer
 from .chat_tokens import ChatTokenizer, TextPrefix
 from .config import ConfigError, RouterConfig
 from .discovery import Discovery, Pool
@@ -77,7 +79,9 @@ class Router:
         self.store = store if store is not None else make_store(cfg)
         self.metrics = Metrics()
         self.discovery = Discovery(cfg, self.pool, self.upstream)
-        self.front = shapes.Front(cfg.tenancy, cfg.served_model_name, engine_key(cfg.engine_api_key_file))
+        self.front = shapes.Front(
+            cfg.tenancy, cfg.served_model_name, engine_key(cfg.engine_api_key_file), cfg.conversation_from
+        )
 
     # ------------------------------------------------------------ lifecycle
 
@@ -197,8 +201,7 @@ class Router:
 
     async def _plan(self, ask: ClientRequest, gen: str, prefill: Endpoint) -> TurnPlan:
         """Take the conversation's entry and plan the turn on it (tokenizing only if needed)."""
-        assert ask.key is not None
-        entry = await self._take(ask.key)
+        entry = await self._find(ask)
         now = time.time()
         if entry is not None:
             self.metrics.inter_turn_gap(now - entry.stored_at)
@@ -245,7 +248,7 @@ class Router:
         gen = self._generation()
         prefill = engines.choose_prefill(self.pool.endpoints, gen)
         assert prefill is not None
-        plan = await self._plan(ask, gen, prefill) if ask.key is not None else reuse.NO_CONVERSATION
+        plan = await self._plan(ask, gen, prefill) if ask.conversational else reuse.NO_CONVERSATION
         attempt = retry.first_attempt(plan)
         while True:
             if attempt.retried:
@@ -314,6 +317,7 @@ class Router:
             out["X-PDX-Prefill-Ms"] = f"{done.prefill_ms:.1f}"
             out["X-PDX-Reuse"] = done.attempt.outcome.value
             out["X-PDX-Reused-Tokens"] = str(done.attempt.reused_tokens)
+            out["X-PDX-Found-By"] = ask.found_by.value
         return out
 
     async def _decode(
@@ -346,6 +350,8 @@ class Router:
         ttft = self.metrics.ttft
         limit = self.upstream.max_answer_bytes
         relay = StreamRelay(filt, limit, lambda: ttft.observe(time.perf_counter() - done.started))
+        if ask.capture and ask.key is None:  # kept by its history: the answer names the entry
+            relay.said = StreamedAnswer()
         call = relay.call = await self.upstream.stream(decode, ask.path, body, ask.headers, relay)
         try:
             await relay.wait()
@@ -384,7 +390,7 @@ class Router:
                     # Before the client can see the end of the turn: an agent sends the next
                     # turn as soon as it has [DONE], and that turn must find this entry.
                     relay.stored = True
-                    await self._store_entry(ask, done, decode, filt.captured)
+                    await self._store_entry(ask, done, decode, filt.captured, relay.answer())
                 if filt.dropped:
                     return await self._end_malformed(out, filt, block, "a line that is not readable JSON", ask)
                 if block:
@@ -410,9 +416,11 @@ class Router:
                 break
             await out.drain()  # a slow client: decode waits meanwhile
         if rest := filt.flush():
+            if relay.said is not None:
+                relay.said.feed(rest)
             if not relay.stored and filt.captured.kv is not None:
                 relay.stored = True
-                await self._store_entry(ask, done, decode, filt.captured)
+                await self._store_entry(ask, done, decode, filt.captured, relay.answer())
             out.write(rest)
         if filt.dropped or not relay.last.rstrip().endswith(b"[DONE]"):
             return await self._end_malformed(out, filt, b"", "it ended before [DONE]", ask)
@@ -442,7 +450,8 @@ class Router:
         data = json_object(decode, head.status, raw)
         cap = filter_response(data, ask.capture, strip_ids=not ask.wants_ids)
         self.metrics.ttft.observe(time.perf_counter() - done.started)
-        await self._store_entry(ask, done, decode, cap)  # the answer leaves after the handler returns
+        said = answer.of_json(data) if ask.key is None else None
+        await self._store_entry(ask, done, decode, cap, said)  # the answer leaves after the handler returns
         headers = self._answer_headers(ask, done)
         return Answer(200, orjson.dumps(data), headers=headers)
 
@@ -457,10 +466,13 @@ class Router:
             (time.perf_counter() - done.started) * 1000,
         )
 
-    async def _store_entry(self, ask: ClientRequest, done: Prefilled, decode: Endpoint, cap: Captured) -> None:
-        """Keep what decode holds for this conversation's next turn."""
+    async def _store_entry(
+        self, ask: ClientRequest, done: Prefilled, decode: Endpoint, cap: Captured, said: dict[str, Any] | None
+    ) -> None:
+        """Keep what decode holds for this conversation's next turn: under its id, else under
+        its history with `said`, the answer."""
         _log_hop("from decode", decode, cap.kv)
-        if ask.key is None or not ask.capture:
+        if not ask.capture:
             return
         if cap.kv is not None:  # whether to ask this decode for token ids next time
             decode.names_held = kv_prefix.HELD in cap.kv
@@ -475,8 +487,9 @@ class Router:
             return
         if kept.entry is not None:
             prefix = await self._prefix_for_next_turn(ask, plan.text, cap.prompt(done.attempt.compared_ids))
-            if ask.tenant is not None:  # a client without an identity shares nothing
-                await self._put(ask.key, replace(kept.entry, prefix=prefix, tenant=ask.tenant))
+            key = ask.store_key(said)
+            if ask.tenant is not None and key is not None:  # a client without an identity shares nothing
+                await self._put(key, replace(kept.entry, prefix=prefix, tenant=ask.tenant))
 
     async def _prefix_for_next_turn(
         self, ask: ClientRequest, text: str | None, prompt_ids: IdText | None
@@ -508,12 +521,20 @@ class Router:
     # A store outage must not fail requests: the turn goes on as plain P/D (no entry to
     # read) and is not kept; each failure is logged and counted (pdx_router_store_errors).
 
-    async def _take(self, key: str) -> Entry | None:
+    async def _find(self, ask: ClientRequest) -> Entry | None:
+        """Take the entry under the first of the turn's keys that holds one: its id's, or its
+        history's, longest first (no key: a first turn, nothing to ask)."""
+        keys = ask.lookup_keys()
+        if not keys:
+            return None
         try:
-            return await self.store.take(key)
+            entry = await (self.store.take(keys[0]) if len(keys) == 1 else self.store.take_first(keys))
         except Exception as exc:
             self._store_failed("take", exc)
             return None
+        if entry is not None:
+            self.metrics.found(ask.found_by)
+        return entry
 
     async def _put(self, key: str, entry: Entry) -> None:
         try:

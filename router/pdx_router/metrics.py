@@ -7,10 +7,10 @@ from typing import Final, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from pdx_contract.stats import REUSE_OUTCOMES, GapSummary, PromptIdSources, ReuseCounts, RouterStats
+from pdx_contract.stats import REUSE_OUTCOMES, FoundCounts, GapSummary, PromptIdSources, ReuseCounts, RouterStats
 
 from . import NATIVE
-from .policy import Outcome
+from .policy import FoundBy, Outcome
 
 _LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _GAP_BUCKETS: Final = (1, 5, 10, 30, 60, 120, 240, 300, 450, 480, 600, 1200, 3600)
@@ -75,6 +75,13 @@ class Metrics:
             ["source"],
             registry=r,
         )
+        self.found_by = Counter(
+            "pdx_router_conversations_found",
+            "Turns that found their conversation's entry, by how: conversation_id (id), X-Session-ID"
+            " (header), or the history of their messages (history).",
+            ["by"],
+            registry=r,
+        )
         self.upstream_errors = Counter("pdx_router_upstream_errors", "Engine errors by role.", ["role"], registry=r)
         self.store_errors = Counter(
             "pdx_router_store_errors",
@@ -103,6 +110,9 @@ class Metrics:
             self.reuse.labels(o)
         for reason in CLOSE_REASONS:
             self.connections_closed.labels(reason)
+        self._found = {b.value: 0 for b in FoundBy if b is not FoundBy.NONE}
+        for by in self._found:
+            self.found_by.labels(by)
         self._requests: dict[tuple[str, int], Counter] = {}  # (route, status) -> its child (a bounded set)
         self._counts = dict.fromkeys(REUSE_OUTCOMES, 0)
         self._tokenize_mismatches = 0
@@ -120,6 +130,12 @@ class Metrics:
         if tokens:
             self._reused += tokens
             self.reused_tokens.inc(tokens)
+
+    def found(self, by: FoundBy) -> None:
+        """A turn found its conversation's entry (counted for all tenants together)."""
+        if by is not FoundBy.NONE:
+            self._found[by.value] += 1
+            self.found_by.labels(by.value).inc()
 
     def request(self, route: str | None, status: int) -> None:
         """One answered request; route is the matched route's path, None if none matched."""
@@ -152,6 +168,7 @@ class Metrics:
             reused_tokens=self._reused,
             tokenize_mismatch=self._tokenize_mismatches,
             prompt_ids=PromptIdSources(**self._prompt_ids),
+            found_by=FoundCounts(**self._found),
             entries=entries,
             inter_turn_gap_seconds=GapSummary(
                 count=self._gap_count, p50=_quantile(gaps, 0.5), p95=_quantile(gaps, 0.95), max=self._gap_max

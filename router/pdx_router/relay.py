@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
+from .answer import StreamedAnswer
 from .filters import StreamFilter
 from .front import Stream
 from .wire import Call, Head, Sink
@@ -39,6 +41,7 @@ class StreamRelay(Sink):
         self.failed: Exception | None = None
         self.client_gone = False
         self.stored = False  # the entry is stored (or nothing to store): the end may pass
+        self.said: StreamedAnswer | None = None  # pieces the answer together (a turn kept by its history)
         self._out: Stream | None = None  # the client's answer, while the relay writes to it itself
         self.held = False  # the callbacks write nothing and decode is paused until release()
         self._wake: asyncio.Future[None] | None = None
@@ -61,6 +64,8 @@ class StreamRelay(Sink):
         self.last = data if len(data) >= 16 else (self.last + data)[-16:]  # (no copy per block)
         filt = self.filt
         block = filt.feed(data)
+        if self.said is not None and block:
+            self.said.feed(block)
         out = self._out
         if out is None or filt.dropped or (not self.stored and filt.captured.kv is not None):
             self.pending.append(block)
@@ -111,6 +116,10 @@ class StreamRelay(Sink):
                 await self._wake
             finally:
                 self._wake = None
+
+    def answer(self) -> dict[str, Any] | None:
+        """The assistant message so far, if it is pieced together."""
+        return self.said.message() if self.said is not None else None
 
     def take(self) -> list[bytes]:
         out, self.pending = self.pending, []

@@ -433,7 +433,8 @@ async def test_a_conversation_id_of_any_length_and_charset_reuses(
 
 
 async def test_an_empty_conversation_id_is_plain_pd(make_stack: StackFactory, http: aiohttp.ClientSession) -> None:
-    s, first_v = await _with_victim(make_stack, http)
+    # With ids only; by default a request without an id is found by its history (test_history_reuse).
+    s, first_v = await _with_victim(make_stack, http, conversation_from="id")
     before = _entries(s)
     for body_id, header in (("", None), (None, ""), ("", "")):
         body: dict[str, Any] = {"model": "Qwen", "messages": [user(LONG)]}
@@ -507,7 +508,8 @@ async def test_an_x_session_id_the_server_refuses_is_a_clean_4xx(make_stack: Sta
 async def test_kv_and_conversation_in_odd_places_never_reach_another_entry(
     make_stack: StackFactory, http: aiohttp.ClientSession
 ) -> None:
-    s, first_v = await _with_victim(make_stack, http)
+    # With ids only: a request whose id is nowhere the router reads one is plain P/D.
+    s, first_v = await _with_victim(make_stack, http, conversation_from="id")
     before = _entries(s)
     evil = orjson.dumps(EVIL).decode()
     base = f'"model": "Qwen", "messages": [{{"role": "user", "content": "{LONG}"}}]'

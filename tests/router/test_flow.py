@@ -156,8 +156,10 @@ async def test_completions_endpoint_reuses_with_token_prompt(
     assert s.decode.requests[-1][1]["prompt"] == s.prefill.requests[-1][1]["prompt"]
 
 
-async def test_no_conversation_id_means_no_store(make_stack: StackFactory, http: aiohttp.ClientSession) -> None:
-    s = await make_stack()
+async def test_with_ids_only_no_conversation_id_means_no_store(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(conversation_from="id")
     _, headers, _ = await chat(http, s.url, [user(LONG)], conversation=None)
     assert headers["X-PDX-Reuse"] == "none"
     assert "return_token_ids" not in s.decode.requests[-1][1]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import orjson
+
 from pdx_router.policy import history, shapes
 
 T, S = "a" * 32, "b" * 32
@@ -82,3 +84,30 @@ def test_keys_are_bound_to_tenant_and_scope_and_no_id_names_one() -> None:
     assert k != history.key(T, "c" * 32, d)
     assert k != shapes.entry_key(T, d.hex(), S)
     assert k != shapes.entry_key(T, "\x01" + d.hex(), S)
+
+
+def test_a_streamed_answer_with_tool_calls_names_the_turn_the_client_sends_back() -> None:
+    from pdx_router.answer import StreamedAnswer
+
+    def event(delta: dict[str, Any]) -> bytes:
+        return b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": delta}]}) + b"\n\n"
+
+    said = StreamedAnswer()
+    said.feed(event({"role": "assistant", "content": ""}) + event({"content": "let me"}))
+    start = {"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}}
+    said.feed(event({"content": " look"}) + event({"tool_calls": [start]}))
+    said.feed(event({"tool_calls": [{"index": 0, "function": {"arguments": '{"x": '}}]}))
+    said.feed(event({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}) + b"data: [DONE]\n\n")
+    sent = a(
+        "let me look", tool_calls=[{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]
+    )
+    message = said.message()
+    assert message is not None and history.canonical(message) == history.canonical(sent)
+
+
+def test_an_unreadable_streamed_line_leaves_the_answer_unknown() -> None:
+    from pdx_router.answer import StreamedAnswer
+
+    said = StreamedAnswer()
+    said.feed(b'data: {"choices": [{"delta": {"content": "x"\n\n')
+    assert said.message() is None

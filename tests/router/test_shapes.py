@@ -154,7 +154,9 @@ def test_decode_runs_a_reused_completions_prompt_on_the_compared_ids_but_renders
 def test_decode_is_asked_for_ids_only_for_one_choice_of_a_known_conversation() -> None:
     msgs = [{"role": "user", "content": "hi"}]
     assert decode_request(ask({"messages": msgs, "conversation_id": "c"}), None, None)["return_token_ids"] is True
-    assert "return_token_ids" not in decode_request(ask({"messages": msgs}), None, None)
+    assert decode_request(ask({"messages": msgs}), None, None)["return_token_ids"] is True  # by history
+    ids_only = Front(SINGLE.tenancy, conversation_from="id")
+    assert "return_token_ids" not in decode_request(ask({"messages": msgs}, front=ids_only), None, None)
     several = ask({"messages": msgs, "conversation_id": "c", "n": 2})
     assert not several.capture and "return_token_ids" not in decode_request(several, None, None)
 

@@ -27,3 +27,12 @@ class Outcome(StrEnum):
     DECLINED = "declined"  # prefill refused the read (HTTP 5xx); turn retried without reuse
     PREFIX_MISMATCH = "prefix_mismatch"  # history edited: common prefix below threshold
     BELOW_THRESHOLD = "below_threshold"  # too few tokens to be worth a remote read
+
+
+class FoundBy(StrEnum):
+    """How a turn named its conversation (the X-PDX-Found-By header and the counters)."""
+
+    NONE = "none"  # no conversation: plain P/D
+    ID = "id"  # the body's conversation_id
+    HEADER = "header"  # X-Session-ID
+    HISTORY = "history"  # the messages up to an assistant turn

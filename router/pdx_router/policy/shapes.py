@@ -10,10 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdx_contract.router_config import TenancyConfig
+from pdx_contract.router_config import ConversationFrom, TenancyConfig
 
 from ..chat_tokens import renders_plainly
 from ..ids import IdText, fragment
+from . import FoundBy, history
+from .history import History
 
 # What prefill gets when there is nothing to reuse (the reference protocol's first hop).
 FRESH_PREFILL_KV: dict[str, Any] = {
@@ -41,15 +43,41 @@ class ClientRequest:
     wants_ids: bool  # the client asked for token ids itself: they stay in its answer
     request_id: str = ""  # in the answer's X-Request-ID, error bodies and the router's log lines
     tenant: str | None = None  # the tenant's digest; None: no identity, nothing shared
+    # No id (and history allowed): the messages' digests find the entry and name the next one.
+    history: History | None = None
+    scope: str | None = None  # the KV scope's digest (history keys are bound to it)
+    found_by: FoundBy = FoundBy.NONE
 
     @property
     def stream(self) -> bool:
         return bool(self.body.get("stream"))
 
     @property
+    def conversational(self) -> bool:
+        """The turn reads and keeps an entry: an id, or a history, of a known tenant and scope."""
+        return self.key is not None or self.history is not None
+
+    @property
     def capture(self) -> bool:
         """Ask decode for token ids, to store the turn: one choice of a known conversation."""
-        return self.key is not None and self.body.get("n", 1) in (1, None)
+        return self.conversational and self.body.get("n", 1) in (1, None)
+
+    def lookup_keys(self) -> tuple[str, ...]:
+        """The store keys that may hold this turn's entry, the best first."""
+        if self.key is not None:
+            return (self.key,)
+        if self.history is None or self.tenant is None or self.scope is None:
+            return ()
+        return tuple(history.key(self.tenant, self.scope, d) for d in self.history.lookup)
+
+    def store_key(self, answer: Mapping[str, Any] | None) -> str | None:
+        """Where the finished turn is kept: its id's key, else its whole history's (the
+        messages, then `answer`, the assistant message decode gave; None if unknown)."""
+        if self.key is not None:
+            return self.key
+        if self.history is None or self.tenant is None or self.scope is None or answer is None:
+            return None
+        return history.key(self.tenant, self.scope, self.history.turn(answer))
 
 
 class BadRequest(ValueError):
@@ -110,26 +138,45 @@ class Front:
     tenancy: TenancyConfig = field(default_factory=TenancyConfig)
     served_model: str = "default"  # what a request without `model` runs (for the KV scope)
     engine_key: str | None = None  # the engines' API key; None: the client's is forwarded
+    conversation_from: ConversationFrom = "both"  # an id, the history, or an id when sent
 
 
 def client_request(
     body: dict[str, Any], headers: Mapping[str, str], path: str, is_chat: bool, front: Front, request_id: str = ""
 ) -> ClientRequest:
     """The conversation comes from `conversation_id`, else the X-Session-ID header (an empty
-    one is none: plain P/D). It is shared only within the client's tenant and KV scope.
+    one is none), else (a chat, unless ids alone are configured) from the messages' history;
+    with none of them, plain P/D. It is shared only within the client's tenant and KV scope.
     Raises BadRequest for a body of the wrong types or an ambiguous identity."""
     if (problem := request_problem(body, is_chat)) is not None:
         raise BadRequest(problem)
-    conversation = body.get("conversation_id") or headers.get("X-Session-ID")
+    conversation, by = found_by_id(body, headers, front.conversation_from)
     clean, wants_ids = clean_client_body(body)
     tenant = tenant_of(headers, front.tenancy)
     scope = kv_scope(clean, front.served_model)
-    key = None
-    if conversation and tenant is not None and scope is not None:
-        key = entry_key(tenant, str(conversation), scope)
-    return ClientRequest(
-        path, is_chat, clean, engine_headers(headers, front.engine_key), key, wants_ids, request_id, tenant
-    )
+    key, past = None, None
+    if tenant is not None and scope is not None:
+        if conversation:
+            key = entry_key(tenant, conversation, scope)
+        elif is_chat and front.conversation_from != "id":
+            past, by = history.of_messages(clean["messages"]), FoundBy.HISTORY
+    headers_out = engine_headers(headers, front.engine_key)
+    found = by if key is not None or past is not None else FoundBy.NONE
+    return ClientRequest(path, is_chat, clean, headers_out, key, wants_ids, request_id, tenant, past, scope, found)
+
+
+def found_by_id(
+    body: Mapping[str, Any], headers: Mapping[str, str], mode: ConversationFrom
+) -> tuple[str | None, FoundBy]:
+    """The client's conversation id and where it was (the body wins), unless only the history
+    counts."""
+    if mode == "history":
+        return None, FoundBy.NONE
+    if sent := body.get("conversation_id"):
+        return str(sent), FoundBy.ID
+    if sent := headers.get("X-Session-ID"):
+        return str(sent), FoundBy.HEADER
+    return None, FoundBy.NONE
 
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")

@@ -1,0 +1,139 @@
+"""Clients that send no conversation id reuse decode's KV: the router finds the conversation
+from its history (policy/history.py), between the fake engines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import pytest
+
+from pdx_contract.router_config import TenancyConfig
+from pdx_router.config import StoreConfig
+
+from .conftest import StackFactory
+from .helpers import LONG, assistant, chat, stream_text, user
+
+Messages = list[dict[str, Any]]
+
+
+async def turn(
+    http: aiohttp.ClientSession, url: str, msgs: Messages, stream: bool = False, **kw: Any
+) -> tuple[str, dict[str, str], Messages]:
+    """One turn without an id: the outcome, the headers, and the history with its answer."""
+    status, headers, data = await chat(http, url, msgs, conversation=None, stream=stream, **kw)
+    assert status == 200, data
+    text = stream_text(data) if stream else data["choices"][0]["message"]["content"]
+    return headers["X-PDX-Reuse"], headers, [*msgs, assistant(text)]
+
+
+async def stats(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with http.get(url + "/v1/pdx/stats") as r:
+        out: dict[str, Any] = await r.json()
+        return out
+
+
+async def test_a_streamed_chat_loop_without_an_id_hits_on_turns_2_and_3(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack()
+    msgs: Messages = [{"role": "system", "content": "terse"}, user(LONG)]
+    outcomes = []
+    for i in range(3):
+        outcome, headers, msgs = await turn(http, s.url, msgs, stream=True)
+        outcomes.append(outcome)
+        assert headers["X-PDX-Found-By"] == "history"
+        msgs.append(user(f"and then {i}"))
+    assert outcomes == ["miss", "hit", "hit"]
+    assert s.cluster.reads and all(r.correct for r in s.cluster.reads)
+    found = (await stats(http, s.url))["foundBy"]
+    assert found == {"id": 0, "header": 0, "history": 2}
+    async with http.get(s.url + "/metrics") as r:
+        assert 'pdx_router_conversations_found_total{by="history"} 2.0' in await r.text()
+
+
+async def test_a_non_streamed_turn_2_hits(make_stack: StackFactory, http: aiohttp.ClientSession) -> None:
+    s = await make_stack()
+    _, _, msgs = await turn(http, s.url, [user(LONG)], stream=True)
+    outcome, _, _ = await turn(http, s.url, [*msgs, user("more")])
+    assert outcome == "hit" and all(r.correct for r in s.cluster.reads)
+
+
+async def test_a_fork_reuses_once_and_keeps_both_branches(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack()
+    _, _, msgs = await turn(http, s.url, [user(LONG)])
+    first, _, a = await turn(http, s.url, [*msgs, user("branch a")])
+    second, _, b = await turn(http, s.url, [*msgs, user("branch b")])
+    assert (first, second) == ("hit", "miss")  # decode freed the blocks once read: plain P/D
+    next_a, _, _ = await turn(http, s.url, [*a, user("a goes on")])
+    next_b, _, _ = await turn(http, s.url, [*b, user("b goes on")])
+    assert (next_a, next_b) == ("hit", "hit")
+    assert len(s.cluster.reads) == 3 and all(r.correct for r in s.cluster.reads)
+
+
+async def test_an_edited_assistant_message_misses(make_stack: StackFactory, http: aiohttp.ClientSession) -> None:
+    s = await make_stack()
+    _, _, msgs = await turn(http, s.url, [user(LONG)])
+    msgs[-1] = assistant(msgs[-1]["content"] + " (edited)")
+    outcome, _, _ = await turn(http, s.url, [*msgs, user("more")])
+    assert outcome == "miss" and not s.cluster.reads
+
+
+async def test_an_id_still_wins_when_sent(make_stack: StackFactory, http: aiohttp.ClientSession) -> None:
+    s = await make_stack()
+    _, _, data = await chat(http, s.url, [user(LONG)], conversation="c7")
+    msgs = [user(LONG), assistant(data["choices"][0]["message"]["content"]), user("more")]
+    _, headers, _ = await chat(http, s.url, msgs, conversation="c7")
+    assert (headers["X-PDX-Reuse"], headers["X-PDX-Found-By"]) == ("hit", "id")
+
+
+async def test_with_ids_only_a_history_finds_nothing(make_stack: StackFactory, http: aiohttp.ClientSession) -> None:
+    s = await make_stack(conversation_from="id")
+    _, _, data = await chat(http, s.url, [user(LONG)], conversation=None)
+    msgs = [user(LONG), assistant(data["choices"][0]["message"]["content"]), user("more")]
+    _, headers, _ = await chat(http, s.url, msgs, conversation=None)
+    assert (headers["X-PDX-Reuse"], headers["X-PDX-Found-By"]) == ("none", "none")
+
+
+async def test_with_history_only_an_id_is_ignored(make_stack: StackFactory, http: aiohttp.ClientSession) -> None:
+    s = await make_stack(conversation_from="history")
+    _, _, data = await chat(http, s.url, [user(LONG)], conversation="c8")
+    msgs = [user(LONG), assistant(data["choices"][0]["message"]["content"]), user("more")]
+    _, headers, _ = await chat(http, s.url, msgs, conversation="other")
+    assert (headers["X-PDX-Reuse"], headers["X-PDX-Found-By"]) == ("hit", "history")
+
+
+async def test_no_tenant_matches_another_tenants_history(make_stack: StackFactory, http: aiohttp.ClientSession) -> None:
+    s = await make_stack(tenancy=TenancyConfig(identity="apiKey"))
+    a, b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+    _, _, msgs = await turn(http, s.url, [user(LONG)], headers=a)
+    probe, _, _ = await turn(http, s.url, [*msgs, user("guess")], headers=b)
+    assert probe == "miss" and not s.cluster.reads
+    # the probe consumed nothing: the owner's next turn still reuses its entry
+    owner, _, _ = await turn(http, s.url, [*msgs, user("mine")], headers=a)
+    assert owner == "hit" and all(r.correct for r in s.cluster.reads)
+
+
+async def test_a_client_without_an_identity_keeps_no_history(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(tenancy=TenancyConfig(identity="apiKey"))
+    _, _, msgs = await turn(http, s.url, [user(LONG)])
+    outcome, headers, _ = await turn(http, s.url, [*msgs, user("more")])
+    assert (outcome, headers["X-PDX-Found-By"]) == ("none", "none")
+    assert (await stats(http, s.url))["entries"] == 0
+
+
+@pytest.mark.redis
+async def test_router_replicas_share_histories_through_redis(
+    make_stack: StackFactory, http: aiohttp.ClientSession, redis_url: str
+) -> None:
+    s = await make_stack(routers=2, store=StoreConfig(kind="redis", url=redis_url, key_prefix="pdx-test-hist:"))
+    _, _, msgs = await turn(http, s.router_urls[0], [user(LONG)], stream=True)
+    first, _, a = await turn(http, s.router_urls[1], [*msgs, user("on the other router")], stream=True)
+    fork, _, _ = await turn(http, s.router_urls[0], [*msgs, user("a fork")])
+    assert (first, fork) == ("hit", "miss")
+    third, _, _ = await turn(http, s.router_urls[0], [*a, user("back again")])
+    assert third == "hit" and len(s.cluster.reads) == 2 and all(r.correct for r in s.cluster.reads)
