@@ -113,6 +113,12 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="skip the bound: in the ON leg, each length's workload once more, whole turns straight to decode",
     )
+    p.add_argument(
+        "--no-conversation-id",
+        action="store_true",
+        help="send no conversation id, as OpenAI clients do: the router finds each conversation by its history"
+        " (router.conversationFrom history or both)",
+    )
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="output directory")
     p.add_argument("--state-dir", type=Path, help="local: state directory of the topology")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
@@ -192,6 +198,7 @@ def _bench_args(args: argparse.Namespace) -> list[str]:
         ("--no-fixed-output", args.no_fixed_output),
         ("--no-warmup", args.no_warmup),
         ("--no-bound", args.no_bound),
+        ("--no-conversation-id", args.no_conversation_id),
     ):
         if on:
             out.append(flag)
@@ -324,6 +331,7 @@ def _run(
         timeout_s=args.timeout,
         model=args.model,
         bound=not args.no_bound,
+        conversation_id=not args.no_conversation_id,
     )
     instance = (args.name or (doc or {}).get("metadata", {}).get("name")) if args.cluster else None
     return execute(target, cfg, args.out, _counter_for(args), prometheus=args.prometheus, instance=instance)

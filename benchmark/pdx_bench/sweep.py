@@ -284,6 +284,7 @@ class SweepConfig:
     timeout_s: float = 300.0
     model: str | None = None  # served model name; else the leg's, else the router's /v1/models
     bound: bool = True  # in the ON leg, each length's workload once more straight to decode
+    conversation_id: bool = True  # send each conversation's id; False: the router finds it by its history
 
 
 BOUND = "bound"
@@ -355,7 +356,8 @@ async def _group(
         counter=counter,
         scraper=scraper,
         leg=leg,
-        send_conversation_id=not bound,  # decode serves a plain request itself; router fields stay out
+        # decode serves a plain request itself; router fields stay out
+        send_conversation_id=cfg.conversation_id and not bound,
         transfer_role=None if bound else "prefill",
         on_done=progress,
         timeout_s=cfg.timeout_s,

@@ -225,3 +225,17 @@ def test_the_off_leg_has_no_bound() -> None:
     assert total_requests(cfg) == 2 * 3
     results = run_sweep(LocalTarget(_doc(), factory=FakeTopology), cfg, lambda ep: WordCounter())
     assert [r.leg for r in results] == ["off"] and results[0].notes == []
+
+
+def test_no_conversation_id_sends_none_for_the_router_to_find_by_history(tmp_path: Path) -> None:
+    with ThreadedFake(FakeRouter(first_token_delay=0.0, token_delay=0.0)) as fake:
+        args = _args(
+            "--url", fake.url, "--lengths", "50", *WORKLOAD, "--out", str(tmp_path), "--no-warmup", "--no-bound",
+            "--no-conversation-id",
+        )  # fmt: skip
+        assert args.run(args) == 0
+        router = fake.fake
+    assert len(router.bodies) == 2 * 3
+    assert not any("conversation_id" in b for b in router.bodies)
+    assert not any("X-Session-ID" in h for h in router.headers)
+    assert "--no-conversation-id" in cli._bench_args(args)
