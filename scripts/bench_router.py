@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -101,20 +101,24 @@ async def wait_http(url: str, timeout: float = 30) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-Turn = Callable[[aiohttp.ClientSession, dict[str, Any]], Awaitable[tuple[float, int]]]
+Turn = Callable[[aiohttp.ClientSession, dict[str, Any]], Awaitable[tuple[float, int, str]]]
 
 
-async def first_token(resp: aiohttp.ClientResponse, t0: float) -> tuple[float, int]:
-    """Time to the first chunk that carries generated text, and the SSE events relayed."""
-    ttft, chunks = 0.0, 0
+async def first_token(resp: aiohttp.ClientResponse, t0: float) -> tuple[float, int, str]:
+    """Time to the first chunk that carries generated text, the SSE events relayed, and the
+    answer's text (what a client sends back next turn)."""
+    ttft, chunks, text = 0.0, 0, []
     async for line in resp.content:
         if line.startswith(b"data:"):
             chunks += 1
-            if not ttft and b'"content":"' in line and b'"content":""' not in line:
-                ttft = time.perf_counter() - t0
+            if b'"content":"' in line and b'"content":""' not in line:
+                if not ttft:
+                    ttft = time.perf_counter() - t0
+                for c in orjson.loads(line[5:])["choices"]:
+                    text.append((c.get("delta") or {}).get("content") or "")
     if resp.status != 200 or not ttft:
         raise RuntimeError(f"HTTP {resp.status}, {chunks} events, no content")
-    return ttft, chunks
+    return ttft, chunks, "".join(text)
 
 
 def via_proxy(url: str) -> Turn:
@@ -155,8 +159,18 @@ def agent_history(rng: random.Random) -> list[str]:
 
 
 async def conversation(
-    s: aiohttp.ClientSession, turn: Turn, cid: str, turns: int, out: list[float], chunks: list[int], reuse: bool
+    s: aiohttp.ClientSession,
+    turn: Turn,
+    cid: str,
+    turns: int,
+    out: list[float],
+    chunks: list[int],
+    reuse: bool,
+    history: bool = False,
 ) -> None:
+    """`reuse`: the turns name their conversation by its id. `history`: by nothing but the
+    answers sent back as they came (the router finds the conversation by its history);
+    otherwise each answer is sent back as a placeholder, so the history finds nothing."""
     # Every target sees the same histories, each behind its own first word: the fakes memoise
     # tokenization by text, so a history one target sent before would be cheaper for the next.
     # The seed is the id's last two parts (concurrency, index): a target's name may hold a "-".
@@ -169,15 +183,16 @@ async def conversation(
         body: dict[str, Any] = {"model": "Qwen", "messages": msgs, "stream": True, "max_tokens": OUTPUT_TOKENS}
         if reuse:
             body["conversation_id"] = cid
-        ttft, n = await turn(s, body)
+        ttft, n, text = await turn(s, body)
         out.append(ttft)
         chunks.append(n)
         tool = " ".join(f"word{rng.randrange(300)}" for _ in range(rng.randint(200, 500)))
-        msgs = [*msgs, {"role": "assistant", "content": f"answer {i}"}, {"role": "user", "content": tool}]
+        said = text if history else f"answer {i}"
+        msgs = [*msgs, {"role": "assistant", "content": said}, {"role": "user", "content": tool}]
 
 
 async def run(
-    turn: Turn, conc: int, turns: int, tag: str, reuse: bool, conversations: int = 0
+    turn: Turn, conc: int, turns: int, tag: str, reuse: bool, conversations: int = 0, history: bool = False
 ) -> tuple[list[float], list[int], float]:
     """`conc` conversations at a time, `max(conc, conversations)` in all: a row at concurrency
     1 then times as many requests as one at 8 (10 requests read +-15% between reps)."""
@@ -188,13 +203,13 @@ async def run(
         # Warm at the measured concurrency: every hop then has its keep-alive connections,
         # and the first measured turn does not time TCP connects (the router makes one more
         # per conversation than a direct client, which a long-running router never pays).
-        await asyncio.gather(*(conversation(s, turn, f"warm{tag}-{i}", 2, [], [], reuse) for i in range(conc)))
+        await asyncio.gather(*(conversation(s, turn, f"warm{tag}-{i}", 2, [], [], reuse, history) for i in range(conc)))
         t0 = time.perf_counter()
         total = max(conc, conversations)
 
         async def lane(first: int) -> None:  # one of `conc`: its conversations one after another
             for i in range(first, total, conc):
-                await conversation(s, turn, f"{tag}-{i}", turns, ttfts, chunks, reuse)
+                await conversation(s, turn, f"{tag}-{i}", turns, ttfts, chunks, reuse, history)
 
         await asyncio.gather(*(lane(i) for i in range(conc)))
         wall = time.perf_counter() - t0
@@ -366,6 +381,7 @@ class Target:
     pid: int | None = None  # whose CPU is the row's (None: direct, the client itself)
     fakes: tuple[int, int, int] = (0, 0, 0)  # the fake engines it talks to: pid, prefill and decode ports
     reuse: bool = False  # send conversation ids (only pdx-router reuses across turns)
+    history: bool = False  # send no ids, the answers as they came: pdx-router finds them by history
     idle: float = 0.0  # CPU seconds per second when idle (health checks, polling)
     skipped: str = ""  # why the row has no figures
 
@@ -411,6 +427,7 @@ def verdicts(rows: list[Row]) -> list[str]:
     checks: list[tuple[str, Callable[[dict[str, Row]], float | None], float, str, list[int]]] = [
         ("pdx plain CPU / vllm-router's", ratio("pdx", "vllm-router"), 1.0, "x", every),
         ("pdx-reuse CPU / pdx plain", ratio("pdx-reuse", "pdx"), 1.25, "x", every),
+        ("pdx-history CPU / pdx-reuse", ratio("pdx-history", "pdx-reuse"), 1.1, "x", every),
         ("pdx added TTFT p50 - vllm-router's", gap, 1.0, " ms", [8]),  # the issue's TTFT target
     ]
     lines = ["targets (median over reps of each block's figure; every block's in brackets):"]
@@ -479,7 +496,12 @@ async def main_async(args: argparse.Namespace) -> None:
             src = Path(args.baseline_src).resolve()
             base_env = {**env, "PYTHONPATH": os.pathsep.join(str(src / d) for d in ("router", "contract"))}
             pdx("pdx@base", base_env, on=unchecked)
-        pdx("pdx", env, profile=args.profile)
+        # Plain P/D stays plain: ids only, so a turn without one looks nothing up and keeps nothing.
+        pdx("pdx", env, "--conversation-from", "id", profile=args.profile)
+        # Reuse without ids (router.conversationFrom both, the default): found by the history.
+        pdx("pdx-history", env)
+        targets.pop()
+        targets[-1] = replace(targets[-1], history=True)
         if args.pure_row:
             # The same router on its pure-Python modules: what compiling the data path takes off.
             from pdx_router.native import PURE_ENV
@@ -494,7 +516,7 @@ async def main_async(args: argparse.Namespace) -> None:
             pdx("pdx+tok", env, "--tokenizer", model, on=unchecked)
             targets.pop(-2)
 
-        bin_dir, why = peers_bin(Path(args.peers_venv))
+        bin_dir, why = (None, "--no-peers") if args.no_peers else peers_bin(Path(args.peers_venv))
         for name in ("vllm-router", "smg"):
             if bin_dir is None:
                 targets.append(Target(name, direct(P, D), fakes=checked, skipped=why))
@@ -518,7 +540,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
             starting.append((t, up()))
 
-        path, why = get_upstream_proxy(args.upstream_proxy)
+        path, why = (None, "--no-peers") if args.no_peers else get_upstream_proxy(args.upstream_proxy)
         if path is None:
             targets.append(Target("vllm-example", direct(P, D), fakes=checked, skipped=why))
         else:
@@ -584,7 +606,7 @@ async def main_async(args: argparse.Namespace) -> None:
                         s0 = tree_cpu(t.pid, system_only=True) if t.pid else 0.0
                         t0 = tree_cpu(t.pid) if t.pid else 0.0
                         ttfts, chunks, rps = await run(
-                            t.turn, conc, args.turns, f"{t.name}{rep}-{conc}", t.reuse, args.conversations
+                            t.turn, conc, args.turns, f"{t.name}{rep}-{conc}", t.reuse, args.conversations, t.history
                         )
                         wall = time.perf_counter() - w0
                         lag = await fake_lag(s, lag_port)
@@ -642,6 +664,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=1, help="repeat every row this often (printed one after the other)")
     ap.add_argument("--idle-seconds", type=float, default=5.0, help="how long each router's idle cost is measured")
     ap.add_argument("--peers-venv", default=str(PEERS), help="venv for vllm-router and smg (made on first use)")
+    ap.add_argument("--no-peers", action="store_true", help="pdx-router's rows only (no install, no download)")
     ap.add_argument("--tokenizer-row", action="store_true", help="also pdx-router with its own tokenizer (reuse)")
     ap.add_argument("--pure-row", action="store_true", help="also pdx-router on its pure-Python data path (plain)")
     ap.add_argument("--profile", help="cProfile pdx-router (this revision's) into this file")

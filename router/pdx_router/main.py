@@ -41,6 +41,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--reuse-headers", action="store_true", default=None, help="answer with X-PDX-* reuse facts (trusted clients)"
     )
+    p.add_argument(
+        "--conversation-from",
+        choices=("id", "history", "both"),
+        help="find a turn's conversation by its id, by its messages' history, or both (default: an id when sent)",
+    )
     p.add_argument("--engine-api-key-file", help="file with the engines' API key (sent in place of the client's)")
     p.add_argument("--endpoints-file")
     p.add_argument("--tokenizer", help="model directory: tokenize reused chat turns here, not via /tokenize")
@@ -83,6 +88,7 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
         kv_recompute_threshold=args.threshold,
         tenancy=tenancy,
         reuse_headers=args.reuse_headers,
+        conversation_from=args.conversation_from,
         engine_api_key_file=args.engine_api_key_file,
         endpoints_file=args.endpoints_file,
         tokenizer=args.tokenizer,
