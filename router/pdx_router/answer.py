@@ -1,19 +1,24 @@
 """The assistant message decode answered, as a client will send it back: what names the
 stored turn when the conversation is found by its history (policy/history.py).
 
-Only turns kept by history read it: a streamed answer's events are parsed here (after the
-stream filter, so only whole events), and only those that may carry text or tool calls.
+Only turns kept by history read it, from the filtered stream (whole events). A block of
+vLLM's compact events that carry only text (no backslash, so every quote is a JSON quote and
+`"delta":{"content":"` can only be that key) gives its text by byte search: parsing each
+event cost ~6 µs, a third of the router's extra CPU per turn found by its history. Any other
+event that may carry text or tool calls is parsed.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
 from .policy import history
 
-_WORTH: tuple[bytes, ...] = (b"content", b"tool_calls", b"\\u")  # a line without these adds nothing
+_WORTH: Final = (b'"content"', b"tool_calls", b"\\")  # a line without these adds nothing
+_TEXT: Final = b'"delta":{"content":"'
+_ANY_TEXT: Final = b'"content"'
 
 
 class StreamedAnswer:
@@ -25,6 +30,19 @@ class StreamedAnswer:
         self.broken = False  # a data line that could not be read: the answer is unknown
 
     def feed(self, block: bytes) -> None:
+        if block.find(b"\\") < 0 and block.find(b"tool_calls") < 0:
+            n = block.count(_TEXT)
+            if n == block.count(_ANY_TEXT):  # every text in the block is a delta's first key
+                i = block.find(_TEXT)
+                while i >= 0:
+                    i += len(_TEXT)
+                    end = block.find(b'"', i)
+                    try:
+                        self._text.append(block[i:end].decode())
+                    except UnicodeDecodeError:
+                        self.broken = True  # not JSON text: the answer is unknown
+                    i = block.find(_TEXT, end)
+                return
         for line in block.splitlines():
             if not line.startswith(b"data:") or not any(w in line for w in _WORTH):
                 continue

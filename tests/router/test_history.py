@@ -111,3 +111,20 @@ def test_an_unreadable_streamed_line_leaves_the_answer_unknown() -> None:
     said = StreamedAnswer()
     said.feed(b'data: {"choices": [{"delta": {"content": "x"\n\n')
     assert said.message() is None
+
+
+def test_compact_text_events_read_by_byte_search_give_what_parsing_gives() -> None:
+    from pdx_router.answer import StreamedAnswer
+
+    texts = ["plain ", 'a "quoted" word', "tab\there", "ü and 中文 ", "", "back\\slash", '"content": x']
+    events = [
+        b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": {"content": t}, "finish_reason": None}]}) + b"\n\n"
+        for t in texts
+    ]
+    spaced = b'data: {"choices": [{"index": 0, "delta": {"content" : "spaced"}}]}\n\n'
+    for blocks in ([*events, spaced], [b"".join(events[:3]), b"".join(events[3:]) + spaced]):
+        said = StreamedAnswer()
+        for block in blocks:
+            said.feed(block)
+        message = said.message()
+        assert message is not None and message["content"] == "".join(texts) + "spaced"
