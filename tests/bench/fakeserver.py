@@ -17,12 +17,21 @@ from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import orjson
+import yaml
 from aiohttp import web
 from prometheus_client import generate_latest
 
 from pdx_bench.enginemetrics import HISTOGRAMS, POST_TIME, PREFILL_TIME, QUEUE_TIME, TTFT, XFER_BYTES, XFER_TIME
 from pdx_router.metrics import Metrics
 from pdx_router.policy import Outcome
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "local-cpu.yaml"
+
+
+def example_doc() -> dict[str, Any]:
+    """The embedded CPU example, as the fake local topologies are given it."""
+    doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    return doc
 
 
 class Served(Protocol):

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from pdx.local.topology import free_port
 from pdx_bench import cli
@@ -18,22 +15,10 @@ from pdx_bench.records import read_records
 from pdx_bench.sweep import BOUND_SALT, LocalTarget, SweepConfig, run_sweep, total_requests
 from pdx_bench.workload import WordCounter, WorkloadSpec, build
 
-from .fakeserver import FakeEngine, FakeRouter, FakeTopology, ThreadedFake
+from .fakeserver import EXAMPLE, FakeEngine, FakeRouter, FakeTopology, ThreadedFake, example_doc
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "local-cpu.yaml"
 SPEC = WorkloadSpec(turns=3, conversations=2, user_tokens=5, tool_tokens=5, output_tokens=3)
 WORKLOAD = ("--turns", "3", "--conversations", "2", "--user-tokens", "5", "--tool-tokens", "5", "--output-tokens", "3")
-
-
-@pytest.fixture(autouse=True)
-def _reset() -> Iterator[None]:
-    FakeTopology.reset()
-    yield
-
-
-def _doc() -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    return doc
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -45,7 +30,7 @@ def _args(*argv: str) -> argparse.Namespace:
 def test_the_bound_sends_ons_workload_whole_to_decode_without_router_fields() -> None:
     cfg = SweepConfig(lengths=[100, 400], spec=SPEC, legs=[True])
     done: list[object] = []
-    results = run_sweep(LocalTarget(_doc(), factory=FakeTopology), cfg, lambda ep: WordCounter(), done.append)
+    results = run_sweep(LocalTarget(example_doc(), factory=FakeTopology), cfg, lambda ep: WordCounter(), done.append)
     on, bound = results
     assert [r.leg for r in results] == ["on", "bound"] and bound.errors == []
     assert len(done) == total_requests(cfg) == 2 * 2 * 2 * 3
@@ -223,7 +208,7 @@ def test_a_decode_serving_another_name_gets_that_name_with_a_note(tmp_path: Path
 def test_the_off_leg_has_no_bound() -> None:
     cfg = SweepConfig(lengths=[100], spec=SPEC, legs=[False])
     assert total_requests(cfg) == 2 * 3
-    results = run_sweep(LocalTarget(_doc(), factory=FakeTopology), cfg, lambda ep: WordCounter())
+    results = run_sweep(LocalTarget(example_doc(), factory=FakeTopology), cfg, lambda ep: WordCounter())
     assert [r.leg for r in results] == ["off"] and results[0].notes == []
 
 

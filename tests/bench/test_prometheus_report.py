@@ -25,8 +25,8 @@ from pdx_bench.localprom import local_prometheus
 from pdx_router.metrics import Metrics
 from pdx_router.policy import Outcome
 
-from .fakeserver import FakeRouter, FakeTopology, ThreadedFake
-from .test_sweep_cli import EXAMPLE, _args
+from .fakeserver import EXAMPLE, FakeRouter, FakeTopology, ThreadedFake
+from .test_sweep_cli import _args
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import kubernetes_validate
 import pytest
@@ -17,33 +15,21 @@ from pdx_bench.records import VLLM_FIELDS, read_records
 from pdx_bench.sweep import LocalTarget, SweepConfig, UrlTarget, run_sweep
 from pdx_bench.workload import WordCounter, WorkloadSpec
 
-from .fakeserver import FakeRouter, FakeTopology, ThreadedFake
+from .fakeserver import EXAMPLE, FakeRouter, FakeTopology, ThreadedFake, example_doc
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "local-cpu.yaml"
 K8S_VERSION = "1.37.0"
-
-
-@pytest.fixture(autouse=True)
-def _reset() -> Iterator[None]:
-    FakeTopology.reset()
-    yield
-
-
-def _doc() -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    return doc
 
 
 def test_local_sweep_flips_the_cr_per_leg() -> None:
     cfg = SweepConfig(
         lengths=[100, 400], spec=WorkloadSpec(turns=3, conversations=2, user_tokens=5, tool_tokens=5, output_tokens=3)
     )
-    target = LocalTarget(_doc(), factory=FakeTopology)
+    target = LocalTarget(example_doc(), factory=FakeTopology)
     seen: list[str] = []
     results = run_sweep(target, cfg, lambda ep: WordCounter(), on_leg_start=seen.append)
     assert seen == ["off", "on"]
     assert [d["spec"]["kvTransfer"]["bidirectional"] for d in FakeTopology.started] == [False, True]
-    assert _doc()["spec"]["kvTransfer"]["bidirectional"] is True  # the user's document is not edited in place
+    assert example_doc()["spec"]["kvTransfer"]["bidirectional"] is True  # the user's document is not edited in place
     off, on, bound = results  # the bound: measured while ON's topology serves
     assert bound.leg == "bound" and len(bound.records) == len(on.records)
     assert len(off.records) == len(on.records) == 2 * 2 * 3
