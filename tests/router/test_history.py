@@ -128,3 +128,19 @@ def test_compact_text_events_read_by_byte_search_give_what_parsing_gives() -> No
             said.feed(block)
         message = said.message()
         assert message is not None and message["content"] == "".join(texts) + "spaced"
+
+
+def test_a_long_streamed_answer_is_read_in_batches_as_a_whole() -> None:
+    from pdx_router.answer import StreamedAnswer
+
+    def event(delta: dict[str, Any]) -> bytes:
+        return b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}) + b"\n\n"
+
+    words = [f"w{i} " for i in range(20_000)]
+    said = StreamedAnswer()
+    said.feed(event({"role": "assistant", "content": ""}))
+    for i, w in enumerate(words):
+        said.feed(event({"content": w}) if i != 7_000 else event({"content": w, "reasoning_content": None}))
+    said.feed(event({"content": None}) + b"data: [DONE]\n\n")
+    message = said.message()
+    assert message is not None and message["content"] == "".join(words)
