@@ -56,6 +56,13 @@ PANELS: tuple[Panel, ...] = (
         "hit: prefill read the KV back from decode. expired/declined: the TTL is too short.",
     ),
     Panel(
+        "Conversations found, by how",
+        "ops",
+        (Query(f"sum by ({BY}, by) (rate(pdx_router_conversations_found_total[5m]))", "{{by}}"),),
+        "Turns that found their entry: by conversation_id (id), X-Session-ID (header) or the history of"
+        " their messages (history: clients that send no id).",
+    ),
+    Panel(
         "Reuse hit rate",
         "percentunit",
         (Query(hit_rate("5m"), "hit rate"),),
