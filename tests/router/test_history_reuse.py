@@ -137,3 +137,27 @@ async def test_router_replicas_share_histories_through_redis(
     assert (first, fork) == ("hit", "miss")
     third, _, _ = await turn(http, s.router_urls[0], [*a, user("back again")])
     assert third == "hit" and len(s.cluster.reads) == 2 and all(r.correct for r in s.cluster.reads)
+
+
+@pytest.mark.parametrize("kind", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def test_histories_count_in_the_byte_bound_and_one_tenants_share(
+    make_stack: StackFactory, http: aiohttp.ClientSession, request: pytest.FixtureRequest, kind: str
+) -> None:
+    """A turn kept by its history is an ordinary entry: a tenant flooding the router with
+    conversations without ids drops only its own, within its share."""
+    share = 15_000  # a stored turn here: ~2 kB
+    store = StoreConfig(max_bytes=30_000, max_bytes_per_tenant=share)
+    if kind == "redis":
+        url = request.getfixturevalue("redis_url")
+        store = StoreConfig(
+            kind="redis", url=url, key_prefix="pdx-test-hist-bound:", max_bytes=30_000, max_bytes_per_tenant=share
+        )
+    s = await make_stack(store=store, tenancy=TenancyConfig(identity="apiKey"))
+    alice, mallory = {"Authorization": "Bearer alice"}, {"Authorization": "Bearer mallory"}
+    _, _, msgs = await turn(http, s.url, [user(LONG)], headers=alice)
+    for i in range(40):
+        await turn(http, s.url, [user(f"{LONG} {i}")], headers=mallory)
+    got = await stats(http, s.url)
+    assert 0 < got["storeBytes"] <= share + 4000 and got["entries"] < 40
+    outcome, _, _ = await turn(http, s.url, [*msgs, user("next")], headers=alice)
+    assert outcome == "hit"
