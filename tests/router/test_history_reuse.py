@@ -161,3 +161,28 @@ async def test_histories_count_in_the_byte_bound_and_one_tenants_share(
     assert 0 < got["storeBytes"] <= share + 4000 and got["entries"] < 40
     outcome, _, _ = await turn(http, s.url, [*msgs, user("next")], headers=alice)
     assert outcome == "hit"
+
+
+async def test_the_openai_sdks_chat_loop_reuses_without_any_change(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    """What a user writes with the `openai` package: no id, an API key, the answers appended."""
+    openai = pytest.importorskip("openai")
+    s = await make_stack(tenancy=TenancyConfig(identity="apiKey"))
+    client = openai.AsyncOpenAI(base_url=s.url + "/v1", api_key="sk-user", max_retries=0)
+    msgs: list[Any] = [{"role": "system", "content": "terse"}, {"role": "user", "content": LONG}]
+    try:
+        for i in range(3):
+            if i == 1:  # not streamed
+                done = await client.chat.completions.create(model="Qwen", messages=msgs)
+                text = done.choices[0].message.content or ""
+            else:
+                text = ""
+                async for chunk in await client.chat.completions.create(model="Qwen", messages=msgs, stream=True):
+                    text += (chunk.choices[0].delta.content or "") if chunk.choices else ""
+            msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": f"go on {i}"}]
+    finally:
+        await client.close()
+    got = await stats(http, s.url)
+    assert (got["reuse"]["hit"], got["foundBy"]["history"]) == (2, 2)
+    assert all(r.correct for r in s.cluster.reads)
