@@ -33,8 +33,8 @@ class ReuseCounts(_Read):
         return sum(getattr(self, o) for o in WITH_ENTRY)
 
 
-# The reuse outcomes of a conversation's turns, as counted (a turn without a conversation id
-# counts nowhere): the router's metrics and the operator's advice both key on these names.
+# The reuse outcomes of a conversation's turns, as counted (a turn of no conversation, by id
+# or history, counts nowhere): the router's metrics and the operator's advice both key on these names.
 REUSE_OUTCOMES: tuple[str, ...] = tuple(ReuseCounts.model_fields)
 # Outcomes of a turn whose conversation had a stored entry (a `miss` had none).
 WITH_ENTRY = tuple(o for o in REUSE_OUTCOMES if o != "miss")

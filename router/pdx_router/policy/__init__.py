@@ -20,7 +20,7 @@ from enum import StrEnum
 class Outcome(StrEnum):
     """What happened to reuse on one turn (the X-PDX-Reuse header and the counters)."""
 
-    NONE = "none"  # no conversation id: plain P/D
+    NONE = "none"  # no conversation (no id; no history, or ids only): plain P/D
     HIT = "hit"
     MISS = "miss"  # conversation known to nobody: first turn, or entry evicted
     EXPIRED = "expired"  # past the router's deadline, decode gone, or other generation
