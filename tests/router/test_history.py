@@ -144,3 +144,8 @@ def test_a_long_streamed_answer_is_read_in_batches_as_a_whole() -> None:
     said.feed(event({"content": None}) + b"data: [DONE]\n\n")
     message = said.message()
     assert message is not None and message["content"] == "".join(words)
+
+
+def test_whitespace_around_a_messages_text_does_not_count() -> None:
+    assert history.canonical(a(" answer\n")) == history.canonical(a("answer"))
+    assert history.canonical(a("an swer")) != history.canonical(a("answer"))

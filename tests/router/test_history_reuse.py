@@ -186,3 +186,14 @@ async def test_the_openai_sdks_chat_loop_reuses_without_any_change(
     got = await stats(http, s.url)
     assert (got["reuse"]["hit"], got["foundBy"]["history"]) == (2, 2)
     assert all(r.correct for r in s.cluster.reads)
+
+
+async def test_an_answer_sent_back_stripped_of_whitespace_still_hits(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack()
+    _, _, msgs = await turn(http, s.url, [user(LONG)], stream=True)
+    assert msgs[-1]["content"] != msgs[-1]["content"].strip()  # the fake's answers end in a space
+    msgs[-1] = assistant(msgs[-1]["content"].strip())
+    outcome, _, _ = await turn(http, s.url, [*msgs, user("more")])
+    assert outcome == "hit" and all(r.correct for r in s.cluster.reads)

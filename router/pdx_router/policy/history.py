@@ -12,8 +12,9 @@ its length. Messages are compared in a canonical form (role, content text, tool 
 tool result's call id): what a client re-sends of an answer after a JSON round trip (a
 string or text parts, absent or null content) reads the same; an edited answer does not.
 Reasoning fields are left out, since chat templates drop them from past turns and clients
-strip them. A near match is harmless anyway: prefill checks the prompt's blocks against
-what decode holds and reads only those that match.
+strip them, and so is the whitespace around a message's text. A near match is harmless
+anyway: prefill checks the prompt's blocks against what decode holds and reads only those
+that match.
 
 Keys are bound to the tenant and KV scope, like conversation ids (`shapes.entry_key`), and
 cannot collide with an id's key.
@@ -42,8 +43,13 @@ _START: Final = _digest(b"pdx-history-v1")
 
 
 def _text(content: Any) -> str:
-    """A message's content as text: a string as is, text parts joined by a line feed as vLLM
-    joins them, absent or null as empty; other parts by their sorted JSON."""
+    """A message's content as text, without the whitespace around it (clients often strip an
+    answer before sending it back): a string, text parts joined by a line feed as vLLM joins
+    them, absent or null as empty; other parts by their sorted JSON."""
+    return _joined(content).strip()
+
+
+def _joined(content: Any) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
