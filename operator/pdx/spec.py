@@ -248,9 +248,10 @@ class KvTransferSpec(_Spec):
     """kv_load_failure_policy; `fail` answers 500 and the router retries without reuse."""
     block_size: Literal[16, 32, 64, 128, 256] | None = None
     """KV cache block size in tokens (--block-size), the same on both roles. Unset: 64 on GPUs,
-    the platform's own on CPU (128). NIXL posts one descriptor per block and layer: on an H200 a
-    16k-token D->P read at 16 posted about 18,000 descriptors (48 ms of post time), at 64 300-650
-    (1-2 ms). Larger blocks also make prefix-cache hits coarser (up to a block recomputed)."""
+    the platform's own on CPU (128). NIXL posts one descriptor per block and layer, so small blocks
+    make D->P reads slow to post: on an H200 a 16k-token read spent 48 ms posting at vLLM's default
+    of 16, and 18 of its 23 ms at 64 (docs/results/h200-2026-12-03). Larger blocks also make
+    prefix-cache hits coarser (up to a block recomputed)."""
 
 
 class PlacementSpec(_Spec):
