@@ -47,7 +47,6 @@ class GpuPlacement:
     devices: tuple[int, ...]
     memory_fraction: float | None = None
     kv_cache_bytes: int | None = None
-    sharing: int = 1
 
     @property
     def env(self) -> dict[str, str]:
@@ -115,7 +114,7 @@ def place(asks: Mapping[str, int], gpus: Sequence[Gpu], model_bytes: int) -> dic
                 f"{max(kv, 0) / GIB:.1f} GiB of KV cache after {model_bytes / GIB:.1f} GiB of weights: "
                 "use a smaller model, fewer replicas, or a machine with more GPUs"
             )
-        out[name] = GpuPlacement((gpu.index,), fraction, kv // GIB * GIB, sharing)
+        out[name] = GpuPlacement((gpu.index,), fraction, kv // GIB * GIB)
     return out
 
 
