@@ -79,6 +79,28 @@ def test_router_reads_its_rendered_config_with_loopback_endpoints_of_one_generat
     assert {e["url"] for e in endpoints} == {procs[e["name"]].url for e in endpoints}
 
 
+def test_a_router_field_changed_replans_only_the_router_on_its_port_before_the_same_engines(tmp_path: Path) -> None:
+    import pytest
+
+    from pdx.local.topology import TopologyError
+
+    topo = LocalTopology(default_document(), state_dir=tmp_path)
+    topo.processes = topo.plan()
+    before = topo.by_role("router")[0]
+    doc = copy.deepcopy(default_document())
+    doc["spec"]["router"]["conversationFrom"] = "id"
+    router = topo.router_for(doc)
+    assert (router.name, router.port, router.argv) == (before.name, before.port, before.argv)
+    config_path = router.argv[router.argv.index("--config") + 1]
+    old, new = json.loads(before.files[config_path]), json.loads(router.files[config_path])
+    assert {k for k in new if new[k] != old.get(k)} == {"conversationFrom"}
+    assert router.files[new["endpointsFile"]] == before.files[old["endpointsFile"]]
+    engine_change = copy.deepcopy(default_document())
+    engine_change["spec"]["kvTransfer"]["bidirectional"] = False
+    with pytest.raises(TopologyError, match="changes the engines"):
+        topo.router_for(engine_change)
+
+
 def test_volumes_map_under_the_state_and_cache_directories(tmp_path: Path) -> None:
     procs = plan(tmp_path)
     prefill = procs["local-prefill-0"]

@@ -154,15 +154,38 @@ class LocalTopology:
                 ports = Ports(http=free_port(), side_channel=free_port())
                 engines.append(engine_process(sets[role], ordinal, ports, self.layout))
         engines = self._on_gpus(engines, sets)
+        return [*engines, self._router(self.target, objects, engines, free_port(self._router_port))]
+
+    def _router(
+        self, target: Target, objects: list[dict[str, Any]], engines: list[LocalProcess], port: int
+    ) -> LocalProcess:
         endpoints = [
             ready_engine(p.role, p.name, LOOPBACK, p.generation or "", p.port)  # type: ignore[arg-type]
             for p in engines
         ]
-        endpoints_json = endpoints_configmap(self.target, endpoints)["data"][ENDPOINTS_FILE]
+        endpoints_json = endpoints_configmap(target, endpoints)["data"][ENDPOINTS_FILE]
         configmaps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
         deployment = next(o for o in objects if o["kind"] == "Deployment")
-        router = router_process(deployment, configmaps, endpoints_json, free_port(self._router_port), self.layout)
-        return [*engines, router]
+        return router_process(deployment, configmaps, endpoints_json, port, self.layout)
+
+    def router_for(self, document: dict[str, Any]) -> LocalProcess:
+        """The router `document` renders, in front of this topology's engines and on its port.
+
+        Only for a document whose engines are these (same generation: the router's fields are
+        no part of it), as the operator rolls only the router's Deployment for such a change.
+        """
+        target = load(document)
+        if config_hash(target) != self.generation or target.name != self.target.name:
+            raise TopologyError("the document changes the engines, not only the router: start a new topology")
+        engines = [p for p in self.processes if p.role != "router"]
+        return self._router(target, render(target), engines, self.by_role("router")[0].port)
+
+    def reconfigure_router(self, document: dict[str, Any]) -> None:
+        """Restart only the router, with `document`'s router fields; the engines keep running."""
+        router = self.router_for(document)
+        self.processes = [router if p.role == "router" else p for p in self.processes]
+        self.target = load(document)
+        self.restart(router.name)
 
     def _on_gpus(self, engines: list[LocalProcess], sets: dict[str, Any]) -> list[LocalProcess]:
         """Each engine's GPUs (and memory share, when engines share a GPU): see pdx.local.gpus."""
