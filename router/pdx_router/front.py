@@ -39,6 +39,10 @@ log: Final = logging.getLogger("pdx_router")
 
 MAX_LINE: Final = 8190  # a request line or one header line (aiohttp's limit before: clients see the same)
 MAX_HEAD: Final = 64 << 10  # all of a request's head
+# Header lines of one request (Apache's LimitRequestFields). The byte bounds alone let a head
+# of 64 KiB hold some 16,000 short lines, each a multidict entry; long lines meet MAX_HEAD
+# first (100 of MAX_LINE are 800 KiB), so this bounds the count, never the size.
+MAX_HEADERS: Final = 100
 # An idle kept-alive connection: above any load balancer's idle timeout (aiohttp's, before).
 KEEPALIVE_SECONDS: Final = 3630.0
 READ_AHEAD: Final = 1 << 16  # bytes buffered past the request being served before reading pauses
@@ -401,6 +405,8 @@ class _Conn(asyncio.Protocol):
         if not target.startswith(b"/") or _BAD_VALUE.search(target) or b"\t" in target:
             raise Refused(400, "the request target must be a path (origin form)")
         self.version_11 = parts[2] == b"HTTP/1.1"
+        if len(lines) - 1 > MAX_HEADERS:
+            raise Refused(431, f"the request has {len(lines) - 1} header lines, above {MAX_HEADERS}; send fewer")
         headers: CIMultiDict[str] = CIMultiDict()
         for line in lines[1:]:
             if len(line) > MAX_LINE:
@@ -414,6 +420,7 @@ class _Conn(asyncio.Protocol):
             # As aiohttp decoded them: a header's non-UTF-8 bytes become lone surrogates (the
             # conversation keys made from them stay the same across the change of server).
             headers.add(name.decode("ascii"), value.decode("utf-8", "surrogateescape"))
+        _check_host(headers, self.version_11)
         conn = headers.get("Connection", "").lower()
         self.keep_alive = ("close" not in conn) if self.version_11 else ("keep-alive" in conn)
         path, _, query = target.decode("utf-8", "surrogateescape").partition("?")
@@ -565,6 +572,16 @@ class _Conn(asyncio.Protocol):
         log.info("closed a connection that sent no whole request within headerTimeoutSeconds")
         self.transport.write(_SLOW)
         self.transport.close()
+
+
+def _check_host(headers: CIMultiDict[str], version_11: bool) -> None:
+    """RFC 9112 §3.2: an HTTP/1.1 request carries exactly one Host; two are ambiguous on any
+    version (a proxy may route by one and the next hop by the other). HTTP/1.0 may omit it."""
+    hosts = headers.getall("Host", [])
+    if len(hosts) > 1:
+        raise Refused(400, f"the Host header is sent {len(hosts)} times; send it once")
+    if not hosts and version_11:
+        raise Refused(400, "an HTTP/1.1 request needs a Host header (RFC 9112 §3.2); send Host: <the router's host>")
 
 
 def _framing(headers: CIMultiDict[str], version_11: bool) -> Chunked | int | None:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import orjson
 import pytest
 
 from pdx_router.front import Answer, Request, Routes, Server, Stream, json_answer
@@ -83,7 +84,7 @@ def _post(body: bytes, extra: bytes = b"") -> bytes:
 
 async def test_pipelined_requests_are_answered_in_order_on_one_connection(server: tuple[Server, Open]) -> None:
     _, open_ = server
-    r, _ = await open_(_post(b"a" * 10) + _post(b"b" * 20) + b"GET /events HTTP/1.1\r\n\r\n")
+    r, _ = await open_(_post(b"a" * 10) + _post(b"b" * 20) + b"GET /events HTTP/1.1\r\nHost: t\r\n\r\n")
     first, second, third = await _answer(r), await _answer(r), await _answer(r)
     assert (first[0], first[2]) == (200, b'{"n":10,"head":"aaaaaaaaaa","q":"x"}')
     assert second[2].startswith(b'{"n":20,')
@@ -113,7 +114,7 @@ async def test_a_head_sent_a_byte_at_a_time_is_read_whole(server: tuple[Server, 
 
 async def test_a_chunked_request_body_is_read_whole_however_it_is_split(server: tuple[Server, Open]) -> None:
     _, open_ = server
-    raw = b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n"
+    raw = _P + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n"
     r, w = await open_()
     for i in range(0, len(raw), 7):
         w.write(raw[i : i + 7])
@@ -123,39 +124,80 @@ async def test_a_chunked_request_body_is_read_whole_however_it_is_split(server: 
     assert status == 200 and body.startswith(b'{"n":11,"head":"hello world"')
 
 
+_P = b"POST /echo HTTP/1.1\r\nHost: t\r\n"  # a request line and its Host: what follows is the case
+_MANY = b"".join(b"X-%d: v\r\n" % i for i in range(100))  # 101 header lines with Host
+
+
 @pytest.mark.parametrize(
-    ("head", "status"),
+    ("head", "status", "why"),
     [
-        (b"POST /echo HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\nabc", 400),
-        (b"POST /echo HTTP/1.1\r\nContent-Length: +3\r\n\r\nabc", 400),
-        (b"POST /echo HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabc", 400),
-        (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 501),
-        (b"POST /echo HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", 501),
-        (b"POST /echo HTTP/1.1\r\nX-A: 1\r\n folded\r\nContent-Length: 0\r\n\r\n", 400),
-        (b"POST /echo HTTP/1.1\r\nBad Name: 1\r\n\r\n", 400),
-        (b"POST /echo HTTP/1.1\r\nX-A: a\x00b\r\n\r\n", 400),
-        (b"POST http://elsewhere/echo HTTP/1.1\r\n\r\n", 400),
-        (b"POST /echo HTTP/2.0\r\n\r\n", 400),
-        (b"GET /events HTTP/1.1\r\nX-Long: " + b"y" * 9000 + b"\r\n\r\n", 431),
-        (b"POST /echo HTTP/1.1\r\nContent-Length: 5000\r\n\r\n", 413),
-        (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n7d0\r\n" + b"z" * 2000 + b"\r\n0\r\n\r\n", 413),
-        (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
+        (_P + b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\nabc", 400, "Content-Length and Transfer"),
+        (_P + b"Content-Length: +3\r\n\r\nabc", 400, "one decimal number"),
+        (_P + b"Content-Length: 3\r\nContent-Length: 4\r\n\r\nabc", 400, "one decimal number"),
+        (_P + b"Transfer-Encoding: gzip, chunked\r\n\r\n", 501, "only Transfer-Encoding: chunked"),
+        (b"POST /echo HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", 501, "only Transfer-Encoding: chunked"),
+        (_P + b"X-A: 1\r\n folded\r\nContent-Length: 0\r\n\r\n", 400, "folded lines are refused"),
+        (_P + b"Bad Name: 1\r\n\r\n", 400, "not name: value"),
+        (_P + b"X-A: a\x00b\r\n\r\n", 400, "control character"),
+        (b"POST http://elsewhere/echo HTTP/1.1\r\nHost: t\r\n\r\n", 400, "origin form"),
+        (b"POST /echo HTTP/2.0\r\n\r\n", 400, "not an HTTP/1.x request line"),
+        (b"GET /events HTTP/1.1\r\nHost: t\r\nX-Long: " + b"y" * 9000 + b"\r\n\r\n", 431, "8190 bytes"),
+        (_P + b"Content-Length: 5000\r\n\r\n", 413, "maxRequestBytes"),
+        (_P + b"Transfer-Encoding: chunked\r\n\r\n7d0\r\n" + b"z" * 2000 + b"\r\n0\r\n\r\n", 413, "maxRequestBytes"),
+        (_P + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "chunked framing is broken"),
+        (b"GET /events HTTP/1.1\r\n\r\n", 400, "needs a Host header"),
+        (_P + b"Host: elsewhere\r\n\r\n", 400, "Host header is sent 2 times; send it once"),
+        (b"GET /events HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n", 400, "Host header is sent 2 times"),
+        (_P + _MANY + b"\r\n", 431, "101 header lines, above 100; send fewer"),
     ],
 )
 async def test_a_request_framed_wrongly_is_refused_and_the_connection_closed(
-    server: tuple[Server, Open], head: bytes, status: int
+    server: tuple[Server, Open], head: bytes, status: int, why: str
 ) -> None:
     _, open_ = server
     r, _ = await open_(head)
     got, headers, body = await _answer(r)
     assert got == status, body
     assert headers.get("connection") == "close" and b'"code":%d' % status in body
+    assert why in orjson.loads(body)["error"]["message"]
     assert await asyncio.wait_for(r.read(), 2.0) == b""  # closed: nothing it sent next is read as a request
+
+
+async def test_http_1_0_needs_no_host_and_100_header_lines_are_served(server: tuple[Server, Open]) -> None:
+    """RFC 9112 §3.2 asks Host of HTTP/1.1 only; the count bound is 100 lines, Host among them."""
+    _, open_ = server
+    r, _ = await open_(b"POST /echo HTTP/1.0\r\nContent-Length: 2\r\n\r\nhi")
+    assert (await _answer(r))[2].startswith(b'{"n":2,')
+    head = _post(b"ok", b"".join(b"X-%d: v\r\n" % i for i in range(98)))  # + Host, Content-Length
+    assert head.count(b"\r\n") - 2 == 100  # the request line and the blank line are not headers
+    r, _ = await open_(head)
+    assert (await _answer(r))[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("lines", "size", "status", "why"),
+    [
+        (100, 600, 200, ""),  # 100 lines of 600 bytes: within both bounds
+        (101, 10, 431, "above 100"),  # many short lines: the count bound
+        (100, 700, 431, "above 65536 bytes"),  # 100 long lines: the head's byte bound first
+        (3, 8191, 431, "above 8190 bytes"),  # one line too long: the line bound first
+    ],
+)
+async def test_the_count_line_and_head_bounds_each_refuse_what_only_they_catch(
+    server: tuple[Server, Open], lines: int, size: int, status: int, why: str
+) -> None:
+    _, open_ = server
+    pad = b"".join(b"X-%03d: " % i + b"v" * (size - 7) + b"\r\n" for i in range(lines - 2))
+    r, _ = await open_(_post(b"ok", pad))  # + Host and Content-Length: `lines` header lines
+    got, _, body = await _answer(r)
+    assert got == status, body
+    if why:
+        assert why in orjson.loads(body)["error"]["message"]
 
 
 async def test_expect_100_continue_gets_its_interim_answer(server: tuple[Server, Open]) -> None:
     _, open_ = server
-    r, w = await open_(b"POST /echo HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+    r, w = await open_(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
     assert await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 2.0) == b"HTTP/1.1 100 Continue\r\n\r\n"
     w.write(b"abcd")
     assert (await _answer(r))[2].startswith(b'{"n":4,')
@@ -163,7 +205,8 @@ async def test_expect_100_continue_gets_its_interim_answer(server: tuple[Server,
 
 async def test_unknown_paths_are_404_and_wrong_methods_405_naming_the_allowed(server: tuple[Server, Open]) -> None:
     srv, open_ = server
-    r, _ = await open_(b"GET /nope HTTP/1.1\r\n\r\nDELETE /echo HTTP/1.1\r\n\r\nHEAD /events HTTP/1.1\r\n\r\n")
+    lines = (b"GET /nope", b"DELETE /echo", b"HEAD /events")
+    r, _ = await open_(b"".join(b"%s HTTP/1.1\r\nHost: t\r\n\r\n" % line for line in lines))
     assert (await _answer(r))[0] == 404
     status, headers, _ = await _answer(r)
     assert status == 405 and headers["allow"] == "POST"
@@ -188,7 +231,7 @@ async def test_a_handler_that_fails_mid_stream_cuts_the_connection_without_an_en
     server: tuple[Server, Open],
 ) -> None:
     _, open_ = server
-    r, _ = await open_(b"GET /broken HTTP/1.1\r\n\r\n")
+    r, _ = await open_(b"GET /broken HTTP/1.1\r\nHost: t\r\n\r\n")
     await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 2.0)
     rest = await asyncio.wait_for(r.read(), 2.0)
     assert rest == b"9\r\ndata: 0\n\n\r\n"  # no last chunk: the client sees a cut stream, not a whole one
@@ -196,7 +239,7 @@ async def test_a_handler_that_fails_mid_stream_cuts_the_connection_without_an_en
 
 async def test_a_head_not_whole_within_the_header_timeout_gets_408(server: tuple[Server, Open]) -> None:
     _, open_ = server
-    r, _ = await open_(b"POST /echo HTTP/1.1\r\n")
+    r, _ = await open_(b"POST /echo HTTP/1.1\r\nHost: t\r\n")
     answer = await asyncio.wait_for(r.read(), 2.0)
     assert answer.startswith(b"HTTP/1.1 408 ")
     r2, _ = await open_(_post(b"ok"))  # a prompt client on the same server is served
@@ -235,7 +278,7 @@ async def test_a_client_that_leaves_cancels_its_handler(server: tuple[Server, Op
         return json_answer({})
 
     srv.routes.add("GET", "/slow", slow)
-    _, w = await open_(b"GET /slow HTTP/1.1\r\n\r\n")
+    _, w = await open_(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n")
     await asyncio.wait_for(started.wait(), 2.0)
     w.close()
     await asyncio.wait_for(cancelled.wait(), 2.0)
@@ -253,7 +296,7 @@ async def test_header_values_keep_their_bytes_as_aiohttp_decoded_them(server: tu
 
     srv.routes.add("GET", "/grab", grab)
     raw = "会话".encode() + b"\xe9\tz"
-    r, _ = await open_(b"GET /grab HTTP/1.1\r\nX-Session-ID:  " + raw + b"  \r\n\r\n")
+    r, _ = await open_(b"GET /grab HTTP/1.1\r\nHost: t\r\nX-Session-ID:  " + raw + b"  \r\n\r\n")
     assert (await _answer(r))[0] == 200
     assert seen == [raw.decode("utf-8", "surrogateescape")]
 
