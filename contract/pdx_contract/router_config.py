@@ -95,6 +95,14 @@ class RouterConfig(Document):
     """How a turn finds its conversation's entry: `id` (the body's `conversation_id` or the
     X-Session-ID header), `history` (the digest of the messages up to an assistant turn, for
     clients that send no id), or `both` (an id when sent, else the history)."""
+    decode_local_max_tokens: int = Field(default=0, ge=0)
+    """A follow-up turn whose new tokens, beyond what its conversation's decode holds, are at
+    most this many is prefilled on that decode from its own prefix cache: no prefill hop, no
+    D->P read. 0: every turn goes through prefill."""
+    decode_local_max_busy: int = Field(default=4, ge=1)
+    """Such a turn goes local only while its decode has fewer requests than this in flight
+    (the router's own count, or the engine's running + waiting, whichever is higher): a local
+    prefill delays the tokens of every stream that decode is generating."""
     reuse_headers: bool = False
     """Answer with X-PDX-Reuse, X-PDX-Reused-Tokens and X-PDX-Prefill-Ms: facts about the stored
     entries, so only for a trusted client (the local demo, `pdx bench`)."""

@@ -28,9 +28,15 @@ class ReuseCounts(_Read):
     declined: int = 0
     prefix_mismatch: int = 0
     below_threshold: int = 0
+    local: int = 0
+    """Turns prefilled on the decode that held their conversation (decodeLocalMaxTokens)."""
 
     def with_entry(self) -> int:
         return sum(getattr(self, o) for o in WITH_ENTRY)
+
+    def reused(self) -> int:
+        """Turns that built on decode's KV: read back by prefill, or prefilled on that decode."""
+        return self.hit + self.local
 
 
 # The reuse outcomes of a conversation's turns, as counted (a turn of no conversation, by id

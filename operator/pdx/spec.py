@@ -209,6 +209,8 @@ class RoleSpec(_Spec):
 
 # The KV block size rendered for GPU engines (KvTransferSpec.block_size says why).
 GPU_BLOCK_SIZE = 64
+# router.decodeLocalMaxTokens unset, on GPUs (RouterSpec.decode_local_max_tokens says why).
+GPU_DECODE_LOCAL_MAX_TOKENS = 1024
 
 # kv_lease_duration (vLLM 0.32 nixl/base_scheduler.py, base_worker.py): decode heartbeats every
 # lease // 6 s, each renewal holds prefill's blocks lease * 2 // 3 s from its arrival.
@@ -354,6 +356,14 @@ class RouterSpec(_Spec):
     """How the router finds a turn's conversation: `id` (the body's `conversation_id` or the
     X-Session-ID header), `history` (the messages up to an assistant turn, so any OpenAI client
     reuses without sending an id), or `both` (an id when sent, else the history)."""
+    decode_local_max_tokens: int | None = Field(default=None, ge=0, le=1 << 20)
+    """A follow-up turn whose new tokens (beyond what its conversation's decode holds) are at most
+    this is prefilled on that decode, from its own prefix cache: no prefill hop, no D->P read.
+    0: every turn goes through prefill. Unset: 1024 on GPUs, 0 on CPU. A local prefill delays
+    the next token of every stream that decode generates, hence the bound and decodeLocalMaxBusy."""
+    decode_local_max_busy: int = Field(default=4, ge=1)
+    """A turn goes decode-local only while its decode has fewer requests in flight than this
+    (the router's count, or the engine's running + waiting, whichever is higher)."""
     reuse_headers: bool = False
     """Answer with X-PDX-Reuse, X-PDX-Reused-Tokens and X-PDX-Prefill-Ms. They describe the
     stored entries: turn them on only for trusted clients (a benchmark, the local demo)."""
@@ -545,6 +555,12 @@ class DisaggregatedInferenceSpec(_Spec):
         return GPU_BLOCK_SIZE if self.kv_buffer_device == "cuda" else None
 
     @property
+    def decode_local_max_tokens(self) -> int:
+        if self.router.decode_local_max_tokens is not None:
+            return self.router.decode_local_max_tokens
+        return GPU_DECODE_LOCAL_MAX_TOKENS if self.kv_buffer_device == "cuda" else 0
+
+    @property
     def router_ttl(self) -> int:
         return self.router.effective_ttl(self.kv_transfer.decoder_kv_blocks_ttl_seconds)
 
@@ -600,7 +616,7 @@ class ReuseStatus(_Status):
     hit_rate: float | None = None
     """Share of turns with a stored entry that reused decode's KV."""
     hits: int = 0
-    """Turns served with D->P reuse."""
+    """Turns that reused decode's KV: read back by prefill (D->P), or prefilled on that decode."""
     expired: int = 0
     """Entries past the router's deadline when the next turn came."""
     recommended_ttl_seconds: int | None = None

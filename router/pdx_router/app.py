@@ -33,7 +33,7 @@ from .filters import StreamFilter, filter_response, well_formed_kv
 from .front import Answer, Request, Routes, Server, Stream, error_body, json_answer
 from .ids import IdText, of_list
 from .metrics import Metrics
-from .policy import Outcome, engines, retry, reuse, shapes
+from .policy import Outcome, engines, local, retry, reuse, shapes
 from .policy.retry import Attempt, Hop, Retry
 from .policy.reuse import IdsSource, PromptIds, TurnPlan
 from .policy.shapes import ClientRequest
@@ -79,8 +79,13 @@ class Router:
         self.store = store if store is not None else make_store(cfg)
         self.metrics = Metrics()
         self.discovery = Discovery(cfg, self.pool, self.upstream)
+        self.local_rule = local.Rule(cfg.decode_local_max_tokens, cfg.decode_local_max_busy)
         self.front = shapes.Front(
-            cfg.tenancy, cfg.served_model_name, engine_key(cfg.engine_api_key_file), cfg.conversation_from
+            cfg.tenancy,
+            cfg.served_model_name,
+            engine_key(cfg.engine_api_key_file),
+            cfg.conversation_from,
+            keep_history=self.local_rule.max_tokens > 0,
         )
 
     # ------------------------------------------------------------ lifecycle
@@ -250,6 +255,20 @@ class Router:
         assert prefill is not None
         plan = await self._plan(ask, gen, prefill) if ask.conversational else reuse.NO_CONVERSATION
         attempt = retry.first_attempt(plan)
+        holder = self._local_decode(ask, plan, gen)
+        if holder is not None:
+            attempt = retry.local_attempt(plan)
+            try:
+                return await self._decode_local(req, ask, attempt, holder, started)
+            except EngineTimeout:
+                raise  # the turn's time is spent: 504
+            except UpstreamError as exc:
+                self.metrics.upstream_errors.labels(Hop.DECODE.value).inc()
+                fallback = retry.after_local_failure(attempt, exc.status)
+                if fallback.unreachable:
+                    holder.healthy = False
+                log.info("local turn failed on %s (%s); through prefill instead", holder.url, exc.status)
+                attempt = fallback.attempt
         while True:
             if attempt.retried:
                 gen = self._generation()
@@ -285,6 +304,34 @@ class Router:
                 if again is None:
                     raise
                 attempt = again.attempt
+
+    def _local_decode(self, ask: ClientRequest, plan: TurnPlan, gen: str) -> Endpoint | None:
+        """The decode to prefill this turn on, if `local.decide` says so (each turn it could
+        have taken but did not is counted, by why)."""
+        rule = self.local_rule
+        if rule.max_tokens <= 0 or plan.outcome is not Outcome.HIT:
+            return None
+        holder = engines.choose_decode(self.pool.endpoints, gen, plan.affinity)
+        suffix = local.exact_suffix(plan)
+        if suffix is None and ask.is_chat:
+            messages = ask.body["messages"]
+            tail = local.suffix_messages(messages, ask.history, plan.turn)
+            if tail is not None:
+                encode = self.chat_tokens.encode if self.chat_tokens is not None else None
+                suffix = local.count_tokens(tail, encode, cap=rule.max_tokens)
+        why = local.decide(plan, suffix, holder, rule)
+        if why is not local.Why.LOCAL:
+            self.metrics.local_skipped(why)
+            return None
+        return holder
+
+    async def _decode_local(
+        self, req: Request, ask: ClientRequest, attempt: Attempt, decode: Endpoint, started: float
+    ) -> Answer | Stream:
+        """The whole turn on the decode that holds the conversation: no prefill hop."""
+        body = shapes.local_decode_request(ask, attempt.compared_ids, decode.names_held)
+        _log_hop("to decode (local)", decode, body.get("kv_transfer_params"))
+        return await self._decode(req, ask, Prefilled(attempt, 0.0, started), decode, body)
 
     def _after_failure(self, attempt: Attempt, hop: Hop, ep: Endpoint, exc: UpstreamError) -> Retry | None:
         """Count the failure and apply retry's decision to the engine's health."""
@@ -350,7 +397,7 @@ class Router:
         ttft = self.metrics.ttft
         limit = self.upstream.max_answer_bytes
         relay = StreamRelay(filt, limit, lambda: ttft.observe(time.perf_counter() - done.started))
-        if ask.capture and ask.key is None:  # kept by its history: the answer names the entry
+        if ask.capture and ask.history is not None:  # the answer names the entry, or the turn it holds
             relay.said = StreamedAnswer()
         call = relay.call = await self.upstream.stream(decode, ask.path, body, ask.headers, relay)
         try:
@@ -450,7 +497,7 @@ class Router:
         data = json_object(decode, head.status, raw)
         cap = filter_response(data, ask.capture, strip_ids=not ask.wants_ids)
         self.metrics.ttft.observe(time.perf_counter() - done.started)
-        said = answer.of_json(data) if ask.key is None else None
+        said = answer.of_json(data) if ask.history is not None else None
         await self._store_entry(ask, done, decode, cap, said)  # the answer leaves after the handler returns
         headers = self._answer_headers(ask, done)
         return Answer(200, orjson.dumps(data), headers=headers)
@@ -488,8 +535,9 @@ class Router:
         if kept.entry is not None:
             prefix = await self._prefix_for_next_turn(ask, plan.text, cap.prompt(done.attempt.compared_ids))
             key = ask.store_key(said)
+            turn = ask.history.turn(said) if ask.history is not None and said is not None else None
             if ask.tenant is not None and key is not None:  # a client without an identity shares nothing
-                await self._put(key, replace(kept.entry, prefix=prefix, tenant=ask.tenant))
+                await self._put(key, replace(kept.entry, prefix=prefix, tenant=ask.tenant, turn=turn))
 
     async def _prefix_for_next_turn(
         self, ask: ClientRequest, text: str | None, prompt_ids: IdText | None

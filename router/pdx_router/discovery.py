@@ -17,7 +17,7 @@ from pdx_contract.endpoints import EndpointsDocument, PublishedEndpoint, Role
 
 from .config import ConfigError, RouterConfig
 from .endpoints import Endpoint
-from .upstream import Upstream, block_size_from_metrics
+from .upstream import Upstream, block_size_from_metrics, load_from_metrics
 
 FAILURE_THRESHOLD = 3
 
@@ -169,7 +169,8 @@ class Discovery:
             await self._resolve_dns()
 
     async def check(self, ep: Endpoint) -> None:
-        """GET /health; decode's block size comes from its /metrics (needed to cut blocks)."""
+        """GET /health; decode's block size comes from its /metrics (needed to cut blocks), and
+        with decode-local on, its running and waiting requests at every check."""
         timeout = min(5.0, self.cfg.health_check_interval_seconds)
         try:
             status, _ = await self.upstream.get(ep.url + "/health", timeout)
@@ -185,11 +186,14 @@ class Discovery:
         if healthy != ep.healthy:
             log.info("%s %s is now %s", ep.role, ep.url, "healthy" if healthy else "unhealthy")
         ep.healthy = healthy
-        if healthy and ep.role == "decode" and ep.block_size is None:
+        load = self.cfg.decode_local_max_tokens > 0
+        ep.engine_load = None  # unknown until this check's scrape says
+        if healthy and ep.role == "decode" and (ep.block_size is None or load):
             with contextlib.suppress(Exception):
                 status, text = await self.upstream.get(ep.url + "/metrics", timeout)
                 if status == 200:
-                    ep.block_size = block_size_from_metrics(text)
+                    ep.block_size = ep.block_size or block_size_from_metrics(text)
+                    ep.engine_load = load_from_metrics(text) if load else None
 
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check(ep) for ep in self.pool.endpoints))

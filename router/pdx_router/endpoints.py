@@ -23,3 +23,4 @@ class Endpoint:
     block_size: int | None = None
     draining: bool = False  # decodes nothing; its entries are still read (see PublishedEndpoint)
     names_held: bool = False  # a decode whose last answer named the tokens it holds (kv_prefix)
+    engine_load: int | None = None  # running + waiting requests, from its /metrics at the last health check

@@ -60,6 +60,7 @@ class Entry:
     block_size: int | None = None
     prefix: TextPrefix | None = None  # where the router's own tokenizer may resume (chat)
     tenant: str = ""  # whose entry it is: the store bounds each tenant's bytes
+    turn: bytes | None = None  # the history digest of the turn decode holds (policy.history), if known
 
     def __post_init__(self) -> None:
         given: Any = self.token_ids
@@ -89,6 +90,7 @@ class Entry:
             + len(self.decode_url)
             + len(self.generation)
             + len(self.tenant)
+            + (len(self.turn) if self.turn is not None else 0)
             + ENTRY_OVERHEAD_BYTES
         )
 
@@ -103,6 +105,7 @@ class Entry:
                 "b": self.block_size,
                 "p": self.prefix.to_json() if self.prefix is not None else None,
                 "n": self.tenant,
+                "h": self.turn.hex() if self.turn is not None else None,
             }
         )
         return b"".join((_TEXT_V2, _HEADER_LEN.pack(len(header)), header, self.token_ids))
@@ -129,7 +132,18 @@ class Entry:
             block_size=raw.get("b"),
             prefix=TextPrefix.from_json(raw.get("p")),
             tenant=raw.get("n") or "",
+            turn=_turn(raw.get("h")),
         )
+
+
+def _turn(raw: Any) -> bytes | None:
+    """A stored history digest; anything else (an older router's entry: none) is unknown."""
+    if not isinstance(raw, str):
+        return None
+    try:
+        return bytes.fromhex(raw)
+    except ValueError:
+        return None
 
 
 @dataclass

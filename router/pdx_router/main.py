@@ -46,6 +46,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=("id", "history", "both"),
         help="find a turn's conversation by its id, by its messages' history, or both (default: an id when sent)",
     )
+    p.add_argument(
+        "--decode-local-max-tokens",
+        type=int,
+        help="prefill a follow-up turn with at most this many new tokens on the decode holding it (0: never)",
+    )
+    p.add_argument("--decode-local-max-busy", type=int, help="...only while that decode has fewer in flight")
     p.add_argument("--engine-api-key-file", help="file with the engines' API key (sent in place of the client's)")
     p.add_argument("--endpoints-file")
     p.add_argument("--tokenizer", help="model directory: tokenize reused chat turns here, not via /tokenize")
@@ -89,6 +95,8 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
         tenancy=tenancy,
         reuse_headers=args.reuse_headers,
         conversation_from=args.conversation_from,
+        decode_local_max_tokens=args.decode_local_max_tokens,
+        decode_local_max_busy=args.decode_local_max_busy,
         engine_api_key_file=args.engine_api_key_file,
         endpoints_file=args.endpoints_file,
         tokenizer=args.tokenizer,

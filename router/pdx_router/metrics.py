@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pdx_contract.stats import REUSE_OUTCOMES, FoundCounts, GapSummary, PromptIdSources, ReuseCounts, RouterStats
 
 from . import NATIVE
-from .policy import FoundBy, Outcome
+from .policy import FoundBy, Outcome, local
 
 _LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _GAP_BUCKETS: Final = (1, 5, 10, 30, 60, 120, 240, 300, 450, 480, 600, 1200, 3600)
@@ -82,6 +82,14 @@ class Metrics:
             ["by"],
             registry=r,
         )
+        self.local_skip = Counter(
+            "pdx_router_decode_local_skipped",
+            "Turns that could read decode's KV but went through prefill instead of decode-local, by"
+            " why: unknown (new tokens cannot be told), long (above decodeLocalMaxTokens), busy"
+            " (decodeLocalMaxBusy requests in flight), holder (its decode serves no new turns).",
+            ["why"],
+            registry=r,
+        )
         self.upstream_errors = Counter("pdx_router_upstream_errors", "Engine errors by role.", ["role"], registry=r)
         self.store_errors = Counter(
             "pdx_router_store_errors",
@@ -110,6 +118,7 @@ class Metrics:
             self.reuse.labels(o)
         for reason in CLOSE_REASONS:
             self.connections_closed.labels(reason)
+        self._local_skip = {w: self.local_skip.labels(w.value) for w in local.SKIPPED}
         self._found = {b.value: 0 for b in FoundBy if b is not FoundBy.NONE}
         for by in self._found:
             self.found_by.labels(by)
@@ -130,6 +139,12 @@ class Metrics:
         if tokens:
             self._reused += tokens
             self.reused_tokens.inc(tokens)
+
+    def local_skipped(self, why: local.Why) -> None:
+        """A turn that could have been prefilled on its decode was not (OFF, NOT_HELD: uncounted)."""
+        child = self._local_skip.get(why)
+        if child is not None:
+            child.inc()
 
     def found(self, by: FoundBy) -> None:
         """A turn found its conversation's entry (counted for all tenants together)."""

@@ -133,6 +133,21 @@ def json_object(ep: Endpoint, status: int, raw: bytes) -> dict[str, Any]:
 _BLOCK_SIZE_RE: Final = re.compile(rb'vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"')
 
 
+_LOAD_RE: Final = re.compile(rb"^vllm:num_requests_(?:running|waiting)(?:\{[^}\n]*\})? ([0-9.eE+-]+)$", re.M)
+
+
+def load_from_metrics(text: bytes) -> int | None:
+    """Running plus waiting requests, over every engine the text exports (data parallel);
+    None when it exports neither."""
+    found = _LOAD_RE.findall(text)
+    if not found:
+        return None
+    try:
+        return round(sum(float(v) for v in found))
+    except ValueError:
+        return None
+
+
 def block_size_from_metrics(text: bytes) -> int | None:
     """vLLM exports its cache config as labels of vllm:cache_config_info."""
     m = _BLOCK_SIZE_RE.search(text)

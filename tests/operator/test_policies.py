@@ -212,6 +212,12 @@ def test_reuse_status_from_router_stats() -> None:
     assert r.recommended_ttl_seconds == 150  # 100 * 1.1 + 30 = 140 -> 150
 
 
+def test_local_turns_count_as_reuse_in_the_hit_rate() -> None:
+    stats = {"reuse": {"hit": 10, "local": 20, "miss": 5, "expired": 10}}
+    r = advice.reuse_status(stats)
+    assert r is not None and r.hits == 30 and r.hit_rate == 0.75  # 30 of the 40 with an entry
+
+
 def test_reuse_status_tolerates_empty_stats() -> None:
     r = advice.reuse_status({})
     assert r is not None

@@ -50,8 +50,8 @@ def reuse_status(raw: Mapping[str, Any]) -> ReuseStatus | None:
     reuse, gaps = stats.reuse, stats.inter_turn_gap_seconds
     with_entry = reuse.with_entry()
     return ReuseStatus(
-        hit_rate=round(reuse.hit / with_entry, 4) if with_entry else None,
-        hits=reuse.hit,
+        hit_rate=round(reuse.reused() / with_entry, 4) if with_entry else None,
+        hits=reuse.reused(),
         expired=reuse.expired,
         recommended_ttl_seconds=recommend_ttl(gaps.p95, gaps.count) if gaps.count else None,
     )

@@ -44,8 +44,9 @@ def _rate(selector: str, window: str, offset: str = "") -> str:
 
 
 def hit_rate(window: str, offset: str = "") -> str:
-    """Hits over turns whose conversation had an entry: the operator's status.reuse.hitRate."""
-    hits = _rate(f'{REUSE}{{outcome="hit"}}', window, offset)
+    """Turns that built on decode's KV (read back, or prefilled on that decode) over turns whose
+    conversation had an entry: the operator's status.reuse.hitRate."""
+    hits = _rate(f'{REUSE}{{outcome=~"hit|local"}}', window, offset)
     with_entry = _rate(f'{REUSE}{{outcome!="miss"}}', window, offset)
     return f"({hits} / {with_entry})"
 

@@ -53,7 +53,15 @@ PANELS: tuple[Panel, ...] = (
         "Reuse outcomes",
         "ops",
         (Query(f"sum by ({BY}, outcome) (rate({REUSE}[5m]))", "{{outcome}}"),),
-        "hit: prefill read the KV back from decode. expired/declined: the TTL is too short.",
+        "hit: prefill read the KV back from decode. local: prefilled on the decode that held it."
+        " expired/declined: the TTL is too short.",
+    ),
+    Panel(
+        "Decode-local: turns sent through prefill instead, by why",
+        "ops",
+        (Query(f"sum by ({BY}, why) (rate(pdx_router_decode_local_skipped_total[5m]))", "{{why}}"),),
+        "Turns that could read decode's KV but went the D->P way: long (above decodeLocalMaxTokens), busy"
+        " (decodeLocalMaxBusy in flight on their decode), unknown (an edited history), holder (decode not serving).",
     ),
     Panel(
         "Conversations found, by how",

@@ -52,6 +52,8 @@ def router_config(target: Target, config_hash: str) -> RouterConfig:
         max_entries=router.max_entries,
         tenancy=TenancyConfig(identity=tenancy.identity, header=tenancy.header),
         conversation_from=router.conversation_from,
+        decode_local_max_tokens=spec.decode_local_max_tokens,
+        decode_local_max_busy=router.decode_local_max_busy,
         reuse_headers=router.reuse_headers,
         engine_api_key_file=f"{ENGINE_KEY_DIR}/{ENGINE_KEY_FILE}" if spec.engine_api_key_secret else None,
         store=StoreConfig(

@@ -6,6 +6,7 @@ unit-testable on its own and app.py only moves bytes, measures and records:
 - `engines`: which generation, which prefill, which decode;
 - `reuse`: whether a turn reads decode's KV, how many tokens, and what is kept for the next;
 - `shapes`: the request each hop gets (client, prefill, decode, /tokenize);
+- `local`: whether a short follow-up turn is prefilled on the decode that holds it;
 - `retry`: whether a failed hop is retried, and with what outcome;
 - `trust`: whether the router's own tokenizer's ids may replace the engine's.
 
@@ -27,6 +28,7 @@ class Outcome(StrEnum):
     DECLINED = "declined"  # prefill refused the read (HTTP 5xx); turn retried without reuse
     PREFIX_MISMATCH = "prefix_mismatch"  # history edited: common prefix below threshold
     BELOW_THRESHOLD = "below_threshold"  # too few tokens to be worth a remote read
+    LOCAL = "local"  # prefilled on the decode that held the conversation (policy.local)
 
 
 class FoundBy(StrEnum):

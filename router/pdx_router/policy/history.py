@@ -102,6 +102,17 @@ class History:
 
     lookup: tuple[bytes, ...]  # one per assistant message, the longest prefix first, at most MAX_KEYS
     head: bytes  # the digest of all the request's messages
+    at: tuple[int, ...] = ()  # the index of each lookup digest's assistant message
+
+    def held_through(self, turn: bytes | None) -> int | None:
+        """The index of the assistant message that ends the stored turn `turn` (so the
+        messages after it are what its decode has not seen); None if no prefix is that turn."""
+        if turn is None:
+            return None
+        for digest, index in zip(self.lookup, self.at, strict=False):
+            if digest == turn:
+                return index
+        return None
 
     def turn(self, answer: Mapping[str, Any]) -> bytes:
         """The digest a stored turn is kept under: the request's messages, then its answer."""
@@ -112,13 +123,15 @@ def of_messages(messages: Sequence[Any], max_keys: int = MAX_KEYS) -> History:
     """One pass over the messages; only the last `max_keys` assistant prefixes are kept."""
     chain = _START
     found: list[bytes] = []
-    for m in messages:
+    at: list[int] = []
+    for i, m in enumerate(messages):
         chain = _step(chain, m)
         if isinstance(m, Mapping) and m.get("role") == "assistant":
             found.append(chain)
+            at.append(i)
             if len(found) > max_keys:
-                del found[0]
-    return History(tuple(reversed(found)), chain)
+                del found[0], at[0]
+    return History(tuple(reversed(found)), chain, tuple(reversed(at)))
 
 
 def key(tenant: str, scope: str, digest: bytes) -> str:

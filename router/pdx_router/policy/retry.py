@@ -31,6 +31,7 @@ class Attempt:
     affinity: str | None  # the decode to prefer: the one that held the entry
     retried: bool = False  # the turn's second and last try
     tokens: int | None = None  # what prefill reported reading, when the engines check the prefix
+    local: bool = False  # prefilled on the decode that holds the conversation, no prefill hop
 
     @property
     def kv(self) -> dict[str, Any] | None:
@@ -40,10 +41,13 @@ class Attempt:
     @property
     def compared_ids(self) -> IdText | None:
         """The prompt ids this try's reuse was planned on, to hold decode's ids against."""
-        return self.plan.compared_ids if self.reuse else None
+        return self.plan.compared_ids if self.reuse or self.local else None
 
     @property
     def reused_tokens(self) -> int:
+        """Tokens read from decode; on a local try, those its prefix cache held (at most)."""
+        if self.local:
+            return self.plan.reused_tokens
         if not self.reuse:
             return 0
         return self.plan.reused_tokens if self.tokens is None else self.tokens
@@ -61,10 +65,25 @@ def first_attempt(plan: TurnPlan) -> Attempt:
     return Attempt(plan, plan.outcome, plan.outcome is Outcome.HIT, plan.affinity)
 
 
+def local_attempt(plan: TurnPlan) -> Attempt:
+    """The turn sent whole to the decode that holds it (`local.decide` said so)."""
+    return Attempt(plan, Outcome.LOCAL, False, plan.affinity, local=True)
+
+
 @dataclass(frozen=True)
 class Retry:
     attempt: Attempt  # the next try
     unreachable: bool  # the failed engine could not be reached: unhealthy until its next check
+
+
+def after_local_failure(attempt: Attempt, status: int | None) -> Retry:
+    """A local turn whose decode failed (unreachable, 5xx, a malformed answer) before its answer
+    began goes through prefill, once: reading decode's blocks as planned if decode answered,
+    else without reuse on another decode (the KV went with it). That try is a first try of the
+    D->P path, with its own retry. (A 4xx is the client's: it is passed on, never retried.)"""
+    if status is None:
+        return Retry(Attempt(attempt.plan, Outcome.EXPIRED, False, None, retried=True), True)
+    return Retry(first_attempt(attempt.plan), False)
 
 
 def after_failure(attempt: Attempt, hop: Hop, status: int | None) -> Retry | None:

@@ -124,6 +124,7 @@ class TurnPlan:
     text: str | None = None  # the chat prompt as the router's tokenizer rendered it
     affinity: str | None = None  # the decode that held the conversation's entry
     checked_by_engines: bool = False  # prefill checks the prefix; reused_tokens is what decode holds, at most
+    turn: bytes | None = None  # the history digest of the turn the entry holds (policy.local), if kept
 
 
 NO_CONVERSATION = TurnPlan(Outcome.NONE)
@@ -139,7 +140,9 @@ def plan_checked_by_engines(entry: Entry) -> TurnPlan:
     the router sends decode's parameters as they came and learns the outcome from prefill."""
     # Only these two keys change, so a shallow copy keeps the entry intact.
     kv = {**entry.kv, "do_remote_decode": True, "do_remote_prefill": False}
-    return TurnPlan(Outcome.HIT, entry.num_tokens, kv, affinity=entry.decode_url, checked_by_engines=True)
+    return TurnPlan(
+        Outcome.HIT, entry.num_tokens, kv, affinity=entry.decode_url, checked_by_engines=True, turn=entry.turn
+    )
 
 
 def plan_turn(entry: Entry, prompt: PromptIds, threshold: int) -> TurnPlan:
@@ -158,6 +161,7 @@ def plan_turn(entry: Entry, prompt: PromptIds, threshold: int) -> TurnPlan:
         local_ids=prompt.source is IdsSource.LOCAL,
         text=prompt.text,
         affinity=affinity,
+        turn=entry.turn,
     )
 
 

@@ -44,6 +44,7 @@ class ClientRequest:
     request_id: str = ""  # in the answer's X-Request-ID, error bodies and the router's log lines
     tenant: str | None = None  # the tenant's digest; None: no identity, nothing shared
     # No id (and history allowed): the messages' digests find the entry and name the next one.
+    # With an id they only tell which messages are new (Front.keep_history).
     history: History | None = None
     scope: str | None = None  # the KV scope's digest (history keys are bound to it)
     found_by: FoundBy = FoundBy.NONE
@@ -139,6 +140,9 @@ class Front:
     served_model: str = "default"  # what a request without `model` runs (for the KV scope)
     engine_key: str | None = None  # the engines' API key; None: the client's is forwarded
     conversation_from: ConversationFrom = "both"  # an id, the history, or an id when sent
+    # Decode-local is on: a chat turn found by its id keeps its history's digests too, to tell
+    # which of its messages the decode holding the conversation has not seen (policy.local).
+    keep_history: bool = False
 
 
 def client_request(
@@ -158,6 +162,8 @@ def client_request(
     if tenant is not None and scope is not None:
         if conversation:
             key = entry_key(tenant, conversation, scope)
+            if is_chat and front.keep_history:
+                past = history.of_messages(clean["messages"])
         elif is_chat and front.conversation_from != "id":
             past, by = history.of_messages(clean["messages"]), FoundBy.HISTORY
     headers_out = engine_headers(headers, front.engine_key)
@@ -332,6 +338,16 @@ def decode_request(
     if compared_ids is not None and not req.is_chat:
         out = pin_completion_prompt(out, compared_ids)
     return out
+
+
+# What decode gets with a turn it prefills itself: no read from anyone (its prefix cache has the
+# history), and at the end it keeps the turn's blocks and names them, as after any decode hop.
+LOCAL_DECODE_KV: dict[str, Any] = {"do_remote_decode": False, "do_remote_prefill": False}
+
+
+def local_decode_request(req: ClientRequest, compared_ids: IdText | None, names_held: bool = False) -> dict[str, Any]:
+    """The body of a turn prefilled on the decode that holds its conversation (policy.local)."""
+    return decode_request(req, dict(LOCAL_DECODE_KV), compared_ids, names_held)
 
 
 def pin_completion_prompt(body: dict[str, Any], ids: IdText) -> dict[str, Any]:

@@ -80,6 +80,16 @@ class Held:
     expiry: float
 
 
+@dataclass(frozen=True)
+class LocalPrefill:
+    """A turn a fake decode prefilled itself (parameters that ask for no read): how much of its
+    prompt that decode's prefix cache had, in whole blocks, from the turns it holds."""
+
+    decode_engine: str
+    prompt_tokens: int
+    cached: int
+
+
 @dataclass
 class Cluster:
     """Shared state of the fake engines of one test or benchmark run."""
@@ -94,6 +104,7 @@ class Cluster:
     _memo: OrderedDict[str, list[int]] = field(default_factory=OrderedDict)
     held: dict[tuple[str, str], Held] = field(default_factory=dict)
     reads: list[Read] = field(default_factory=list)
+    locals: list[LocalPrefill] = field(default_factory=list)
 
     def encode(self, text: str) -> list[int]:
         if self.chat_tokens is None:
@@ -166,6 +177,7 @@ class EngineOptions:
     # against them before it reads (pdx_contract.kv_prefix).
     checks_prefix: bool = False
     kv_recompute_threshold: int = 64
+    fail_local: bool = False  # decode answers 500 to a turn it would prefill itself
 
 
 class FakeEngine:
@@ -432,8 +444,28 @@ class FakeEngine:
             kv_prefix.hold_params(kv, held, self.cluster.block_size)
         return kv
 
+    def cached(self, prompt: list[int]) -> int:
+        """This decode's prefix-cache hit for `prompt`: the longest common prefix with a turn
+        it holds, in whole blocks (vLLM's cache is exact by block hash)."""
+        best = 0
+        for (engine, _), held in self.cluster.held.items():
+            if engine != self.opts.engine_id:
+                continue
+            n = 0
+            for a, b in zip(held.token_ids, prompt, strict=False):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        return best - best % self.cluster.block_size
+
     async def _decode(self, req: web.Request, body: dict[str, Any], chat: bool) -> web.StreamResponse:
         prompt = await self.prompt_ids(body, chat)
+        kv_in = body.get("kv_transfer_params")
+        if isinstance(kv_in, dict) and kv_in and not (kv_in.get("do_remote_prefill") or kv_in.get("do_remote_decode")):
+            if self.opts.fail_local:
+                return self.json_response({"error": {"message": "local prefill failed", "code": 500}}, status=500)
+            self.cluster.locals.append(LocalPrefill(self.opts.engine_id, len(prompt), self.cached(prompt)))
         rid = f"cmpl-{self.opts.engine_id}-{next(self._ids)}"
         out = self._generate(prompt)
         ids = bool(body.get("return_token_ids"))

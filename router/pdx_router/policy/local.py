@@ -1,0 +1,114 @@
+"""Whether a follow-up turn is prefilled on the decode that holds its conversation.
+
+That decode ended the last turn with its KV: held for prefill to read back, and in its own
+prefix cache. For a short new suffix, computing it there costs less than the D->P path (a
+prefill hop, a read of the whole history, then decode's read of prefill's blocks). But a
+local prefill runs in decode's batch and delays the next token of every stream decode is
+generating, which is what P/D exists to avoid: so only a short suffix goes local, and only
+while that decode is not busy.
+
+Decode's prefix cache is exact by block hash: a local turn never computes on wrong KV. A
+wrong suffix estimate costs time (a longer local prefill), never correctness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence, Sized
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Final
+
+from .. import ids
+from ..endpoints import Endpoint
+from . import Outcome
+from .history import History, canonical
+from .reuse import TurnPlan
+
+# What a token of chat text takes, in bytes of its canonical form (role, text, tool calls as
+# JSON): English prose runs ~4-6 under Qwen's and Llama's vocabularies, code and JSON ~3. The
+# estimate is only used without the router's tokenizer (`router.tokenizer: router` counts).
+BYTES_PER_TOKEN: Final = 4
+# The chat template's markers around each message, and the generation prompt after them.
+MESSAGE_TOKENS: Final = 8
+
+
+class Why(StrEnum):
+    """The decision on a turn that could read decode's KV (the skipped counter's label)."""
+
+    LOCAL = "local"
+    OFF = "off"  # decodeLocalMaxTokens is 0 (not counted)
+    NOT_HELD = "not_held"  # no usable entry: the turn goes through prefill anyway (not counted)
+    UNKNOWN = "unknown"  # what the decode lacks cannot be told: the history was edited, or not kept
+    LONG = "long"  # more new tokens than decodeLocalMaxTokens
+    BUSY = "busy"  # the decode has decodeLocalMaxBusy requests in flight, or more
+    HOLDER = "holder"  # the decode that holds it serves no new turns (draining, unhealthy, other generation)
+
+
+SKIPPED: Final = (Why.UNKNOWN, Why.LONG, Why.BUSY, Why.HOLDER)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """router.json's decodeLocalMaxTokens and decodeLocalMaxBusy."""
+
+    max_tokens: int = 0
+    max_busy: int = 4
+
+
+def suffix_messages(messages: Sequence[Any], history: History | None, turn: bytes | None) -> Sequence[Any] | None:
+    """The messages after the stored turn's answer: what its decode has not seen. None when the
+    request does not continue that turn word for word (an edit, a stored turn of unknown history)."""
+    if history is None:
+        return None
+    end = history.held_through(turn)
+    return None if end is None else messages[end + 1 :]
+
+
+def estimate_tokens(messages: Sequence[Any]) -> int:
+    """The tokens the messages render to, from their bytes (see BYTES_PER_TOKEN)."""
+    size = sum(len(canonical(m)) for m in messages)
+    return -(-size // BYTES_PER_TOKEN) + MESSAGE_TOKENS * (len(messages) + 1)
+
+
+def count_tokens(messages: Sequence[Any], encode: Callable[[str], Sized] | None, cap: int) -> int:
+    """The tokens of the new messages: by the router's tokenizer when it has one, else
+    estimated. Messages whose estimate is twice `cap` or more are not tokenized: they are
+    too long to go local whatever the count."""
+    estimate = estimate_tokens(messages)
+    if encode is None or estimate >= 2 * cap:
+        return estimate
+    text = "".join(canonical(m).decode() for m in messages)
+    return len(encode(text)) + MESSAGE_TOKENS * (len(messages) + 1)
+
+
+def exact_suffix(plan: TurnPlan) -> int | None:
+    """The new tokens when the router compared the prompt's ids itself: all of them but the
+    ones prefill would have read."""
+    if plan.compared_ids is None:
+        return None
+    return ids.count(plan.compared_ids) - plan.reused_tokens
+
+
+def busy(decode: Endpoint) -> int:
+    """Requests in flight on a decode: this router's own count, or the engine's running and
+    waiting as last scraped (other router replicas' turns), whichever is higher."""
+    return max(decode.outstanding, decode.engine_load or 0)
+
+
+def decide(plan: TurnPlan, suffix_tokens: int | None, holder: Endpoint | None, rule: Rule) -> Why:
+    """Local when decode-local is on, the turn's entry is usable, its decode serves and is not
+    busy, and the new tokens are known and few. `holder` is the decode `engines.choose_decode`
+    picked for the turn (it must be the entry's)."""
+    if rule.max_tokens <= 0:
+        return Why.OFF
+    if plan.outcome is not Outcome.HIT or plan.affinity is None:
+        return Why.NOT_HELD
+    if holder is None or holder.url != plan.affinity:
+        return Why.HOLDER
+    if suffix_tokens is None:
+        return Why.UNKNOWN
+    if suffix_tokens > rule.max_tokens:
+        return Why.LONG
+    if busy(holder) >= rule.max_busy:
+        return Why.BUSY
+    return Why.LOCAL

@@ -1,0 +1,142 @@
+"""Short follow-up turns are prefilled on the decode that holds their conversation
+(router.decodeLocalMaxTokens), between the fake engines: the routing, the fallback through
+prefill, and the next turn's reuse."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import pytest
+
+from .conftest import Stack, StackFactory
+from .helpers import LONG, assistant, chat, stream_text, user
+
+Messages = list[dict[str, Any]]
+LOCAL_ON = {"decode_local_max_tokens": 256}
+
+
+async def turn(
+    http: aiohttp.ClientSession, s: Stack, msgs: Messages, conversation: str | None = None, stream: bool = True
+) -> tuple[str, dict[str, str], Messages]:
+    """One turn: its outcome, its headers, and the history with its answer."""
+    status, headers, data = await chat(http, s.url, msgs, conversation=conversation, stream=stream)
+    assert status == 200, data
+    text = stream_text(data) if stream else data["choices"][0]["message"]["content"]
+    return headers["X-PDX-Reuse"], headers, [*msgs, assistant(text)]
+
+
+def prefill_turns(s: Stack) -> int:
+    return sum(1 for path, _ in s.prefill.requests if path != "/tokenize")
+
+
+async def metrics(http: aiohttp.ClientSession, s: Stack) -> str:
+    async with http.get(s.url + "/metrics") as r:
+        return await r.text()
+
+
+@pytest.mark.parametrize("conversation", [None, "c1"], ids=["by-history", "by-id"])
+async def test_a_short_follow_up_is_prefilled_on_the_decode_that_holds_it(
+    make_stack: StackFactory, http: aiohttp.ClientSession, conversation: str | None
+) -> None:
+    s = await make_stack(**LOCAL_ON)
+    first, _, msgs = await turn(http, s, [user(LONG)], conversation)
+    second, headers, _ = await turn(http, s, [*msgs, user("and then?")], conversation)
+    assert (first, second) == ("miss", "local")
+    assert prefill_turns(s) == 1  # only the first turn went through prefill
+    assert headers["X-PDX-Prefill-Ms"] == "0.0"
+    [done] = s.cluster.locals
+    # decode's own prefix cache had the history: only its last partial block and the new
+    # message were computed
+    assert done.prompt_tokens - done.cached < 2 * s.cluster.block_size + 16
+    assert not s.cluster.reads
+    async with http.get(s.url + "/v1/pdx/stats") as r:
+        assert (await r.json())["reuse"]["local"] == 1
+    assert 'pdx_router_reuse_total{outcome="local"} 1.0' in await metrics(http, s)
+
+
+async def test_the_turn_after_a_local_turn_reuses_again(make_stack: StackFactory, http: aiohttp.ClientSession) -> None:
+    s = await make_stack(**LOCAL_ON)
+    outcomes = []
+    msgs: Messages = [user(LONG)]
+    for i in range(3):
+        outcome, _, msgs = await turn(http, s, msgs, stream=i % 2 == 0)
+        outcomes.append(outcome)
+        msgs.append(user(f"step {i}"))
+    long_outcome, _, _ = await turn(http, s, [*msgs, user(" ".join([LONG] * 4))])
+    assert outcomes == ["miss", "local", "local"]
+    assert long_outcome == "hit"  # too long for decode-local: prefill reads the local turn's KV
+    assert len(s.cluster.reads) == 1 and s.cluster.reads[0].correct
+    assert [lp.cached > 0 for lp in s.cluster.locals] == [True, True]
+    assert 'pdx_router_decode_local_skipped_total{why="long"} 1.0' in await metrics(http, s)
+
+
+async def test_engines_that_check_the_prefix_go_local_too(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    opts = {"checks_prefix": True, "kv_recompute_threshold": 8}
+    s = await make_stack(prefill_opts=opts, decode_opts=opts, **LOCAL_ON)
+    _, _, msgs = await turn(http, s, [user(LONG)])
+    second, _, msgs = await turn(http, s, [*msgs, user("next")])
+    third, _, _ = await turn(http, s, [*msgs, user("and next")], stream=False)
+    assert (second, third) == ("local", "local")
+    assert prefill_turns(s) == 1
+
+
+async def test_off_by_default_every_turn_goes_through_prefill(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack()
+    _, _, msgs = await turn(http, s, [user(LONG)])
+    second, _, _ = await turn(http, s, [*msgs, user("next")])
+    assert second == "hit" and not s.cluster.locals and prefill_turns(s) == 2
+
+
+async def test_an_edited_history_under_an_id_goes_through_prefill(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    # Engines that check the prefix: the router plans a read without the prompt's ids, so
+    # only the history's digests can tell which messages decode has
+    opts = {"checks_prefix": True, "kv_recompute_threshold": 8}
+    s = await make_stack(prefill_opts=opts, decode_opts=opts, **LOCAL_ON)
+    _, _, msgs = await turn(http, s, [user(LONG)], "c1")
+    msgs[0] = user("an earlier message, edited " + LONG)
+    outcome, _, _ = await turn(http, s, [*msgs, user("next")], "c1")
+    assert outcome == "prefix_mismatch" and not s.cluster.locals  # prefill's check read nothing
+    assert 'pdx_router_decode_local_skipped_total{why="unknown"} 1.0' in await metrics(http, s)
+
+
+async def test_a_busy_decode_sends_the_turn_through_prefill(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(decode_opts={"token_delay": 0.05, "output_tokens": 20}, decode_local_max_busy=1, **LOCAL_ON)
+    _, _, msgs = await turn(http, s, [user(LONG)], "c1")
+    other = asyncio.create_task(chat(http, s.url, [user("a long answer elsewhere")], conversation="c2", stream=True))
+    await asyncio.sleep(0.2)  # c2 is streaming from the one decode
+    outcome, _, _ = await turn(http, s, [*msgs, user("next")], "c1")
+    assert (await other)[0] == 200
+    assert outcome == "hit"
+    assert 'pdx_router_decode_local_skipped_total{why="busy"} 1.0' in await metrics(http, s)
+
+
+async def test_a_local_turn_the_decode_fails_goes_through_prefill_once(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(decode_opts={"fail_local": True}, **LOCAL_ON)
+    _, _, msgs = await turn(http, s, [user(LONG)])
+    status, headers, lines = await chat(http, s.url, [*msgs, user("next")], conversation=None, stream=True)
+    assert status == 200 and headers["X-PDX-Reuse"] == "hit"  # read back by prefill instead
+    assert sum(1 for ln in lines if ln == b"data: [DONE]") == 1  # one answer, not two
+    assert prefill_turns(s) == 2 and s.cluster.reads[0].correct
+
+
+async def test_a_local_turn_whose_decode_is_gone_runs_plainly_on_another(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(n_decode=2, **LOCAL_ON)
+    _, _, msgs = await turn(http, s, [user(LONG)])
+    holder = next(i for i, d in enumerate(s.decodes) if any(p != "/tokenize" for p, _ in d.requests))
+    await s.runners[1 + holder].cleanup()  # the decode that holds the conversation goes away
+    outcome, _, _ = await turn(http, s, [*msgs, user("next")])
+    assert outcome == "expired" and not s.cluster.reads

@@ -1,0 +1,140 @@
+"""The decode-local decision (policy/local.py) and what it reads: the history's positions, the
+engines' load, the fallback's attempt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pdx_router.entries import Entry
+from pdx_router.ids import of_list
+from pdx_router.policy import Outcome, history, local, retry
+from pdx_router.policy.local import Rule, Why
+from pdx_router.policy.reuse import TurnPlan
+from pdx_router.upstream import load_from_metrics
+
+from .helpers import assistant, ep, user
+
+HOLDER = "http://d0"
+PLAN = TurnPlan(Outcome.HIT, reused_tokens=4000, kv={}, affinity=HOLDER, checked_by_engines=True)
+RULE = Rule(max_tokens=512, max_busy=2)
+
+
+def test_a_short_suffix_on_an_idle_holder_goes_local() -> None:
+    assert local.decide(PLAN, 300, ep("decode", HOLDER), RULE) is Why.LOCAL
+
+
+@pytest.mark.parametrize(
+    ("plan", "suffix", "holder", "rule", "why"),
+    [
+        (PLAN, 300, ep("decode", HOLDER), Rule(0, 2), Why.OFF),
+        (TurnPlan(Outcome.MISS), 300, ep("decode", HOLDER), RULE, Why.NOT_HELD),
+        (TurnPlan(Outcome.PREFIX_MISMATCH, affinity=HOLDER), 300, ep("decode", HOLDER), RULE, Why.NOT_HELD),
+        (PLAN, 300, ep("decode", "http://d1"), RULE, Why.HOLDER),
+        (PLAN, 300, None, RULE, Why.HOLDER),
+        (PLAN, None, ep("decode", HOLDER), RULE, Why.UNKNOWN),
+        (PLAN, 513, ep("decode", HOLDER), RULE, Why.LONG),
+        (PLAN, 300, ep("decode", HOLDER, load=2), RULE, Why.BUSY),
+    ],
+    ids=["off", "miss", "mismatch", "other-decode", "no-decode", "unknown", "long", "busy"],
+)
+def test_a_turn_goes_through_prefill_when(
+    plan: TurnPlan, suffix: int | None, holder: Any, rule: Rule, why: Why
+) -> None:
+    assert local.decide(plan, suffix, holder, rule) is why
+
+
+def test_the_engines_own_queue_counts_as_busy_when_it_is_the_longer() -> None:
+    holder = ep("decode", HOLDER, load=0)
+    holder.engine_load = 5  # other router replicas' turns
+    assert local.busy(holder) == 5
+    assert local.decide(PLAN, 10, holder, RULE) is Why.BUSY
+
+
+def test_the_suffix_is_the_messages_after_the_stored_turns_answer() -> None:
+    stored = [user("a"), assistant("b"), user("c")]
+    answer = assistant("d")
+    turn = history.of_messages(stored).turn(answer)
+    request = [*stored, answer, user("new"), assistant("x"), user("newer")]
+    tail = local.suffix_messages(request, history.of_messages(request), turn)
+    assert tail == [user("new"), assistant("x"), user("newer")]
+
+
+def test_an_edited_or_unknown_turn_has_no_suffix() -> None:
+    stored = [user("a")]
+    turn = history.of_messages(stored).turn(assistant("d"))
+    edited = [user("a, edited"), assistant("d"), user("new")]
+    assert local.suffix_messages(edited, history.of_messages(edited), turn) is None
+    assert local.suffix_messages(edited, history.of_messages(edited), None) is None
+    assert local.suffix_messages(edited, None, turn) is None
+
+
+def test_the_estimate_counts_bytes_and_template_markers() -> None:
+    msgs = [user("x" * 400)]
+    n = local.estimate_tokens(msgs)
+    assert 100 < n < 100 + 3 * local.MESSAGE_TOKENS + 10  # ~4 bytes a token, plus markers
+
+
+def test_a_tokenizer_counts_short_suffixes_and_long_ones_are_not_tokenized() -> None:
+    seen: list[str] = []
+
+    def encode(text: str) -> list[int]:
+        seen.append(text)
+        return [0] * 7
+
+    assert local.count_tokens([user("hello")], encode, cap=512) == 7 + 2 * local.MESSAGE_TOKENS
+    long = [user("y" * 8000)]
+    assert local.count_tokens(long, encode, cap=512) == local.estimate_tokens(long)
+    assert len(seen) == 1
+
+
+def test_the_router_s_own_ids_give_the_exact_suffix() -> None:
+    plan = TurnPlan(Outcome.HIT, reused_tokens=90, compared_ids=of_list(list(range(100))), affinity=HOLDER)
+    assert local.exact_suffix(plan) == 10
+    assert local.exact_suffix(PLAN) is None
+
+
+def test_a_history_names_where_each_stored_turn_ends() -> None:
+    msgs = [user("a"), assistant("b"), user("c"), assistant("d"), user("e")]
+    h = history.of_messages(msgs)
+    assert h.at == (3, 1)
+    assert h.held_through(h.lookup[1]) == 1
+    assert h.held_through(b"\0" * 16) is None
+
+
+def test_a_failed_local_turn_reads_as_planned_or_runs_plainly_when_its_decode_is_gone() -> None:
+    attempt = retry.local_attempt(PLAN)
+    assert attempt.outcome is Outcome.LOCAL and attempt.kv is None and attempt.reused_tokens == 4000
+    answered = retry.after_local_failure(attempt, 500)
+    assert (answered.attempt.outcome, answered.attempt.reuse, answered.unreachable) == (Outcome.HIT, True, False)
+    assert not answered.attempt.retried  # the D->P path keeps its own retry
+    gone = retry.after_local_failure(attempt, None)
+    assert (gone.attempt.outcome, gone.attempt.reuse, gone.attempt.affinity) == (Outcome.EXPIRED, False, None)
+    assert gone.unreachable and gone.attempt.retried
+
+
+def test_the_engine_load_is_running_plus_waiting_over_every_engine() -> None:
+    text = (
+        b"# HELP vllm:num_requests_running x\n"
+        b'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
+        b'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0\n'
+        b'vllm:num_requests_running{engine="1",model_name="m"} 1.0\n'
+        b'vllm:num_requests_waiting_by_reason{engine="0",reason="x"} 9.0\n'
+    )
+    assert load_from_metrics(text) == 6
+    assert load_from_metrics(b"other_metric 1\n") is None
+
+
+def test_an_entry_keeps_its_turn_through_the_store_form() -> None:
+    e = Entry(
+        kv={"remote_block_ids": [[1]]},
+        token_ids=of_list([1, 2]),
+        decode_url=HOLDER,
+        generation="g",
+        stored_at=1.0,
+        deadline=2.0,
+        turn=b"\x01" * 16,
+    )
+    assert Entry.from_bytes(e.to_bytes()).turn == b"\x01" * 16
+    assert Entry.from_bytes(Entry(**{**e.__dict__, "turn": None}).to_bytes()).turn is None
