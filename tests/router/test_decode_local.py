@@ -53,6 +53,9 @@ async def test_a_short_follow_up_is_prefilled_on_the_decode_that_holds_it(
     assert not s.cluster.reads
     async with http.get(s.url + "/v1/pdx/stats") as r:
         assert (await r.json())["reuse"]["local"] == 1
+    # the local turn's entry points at its decode: a drain of that decode waits for it
+    async with http.get(s.url + "/v1/pdx/holding", params={"decode": s.decode_urls[0]}) as r:
+        assert (await r.json())["entries"] == 1
     assert 'pdx_router_reuse_total{outcome="local"} 1.0' in await metrics(http, s)
 
 
