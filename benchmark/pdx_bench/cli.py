@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -24,8 +25,12 @@ from .breakdown import (
 from .records import write_records
 from .report import format_table, markdown, plain, write_report
 from .sweep import (
+    BOUND,
+    FLIP_LEGS,
     ClusterTarget,
     Endpoints,
+    Leg,
+    LegArg,
     LocalTarget,
     SweepConfig,
     Target,
@@ -62,6 +67,22 @@ def _legs(text: str) -> list[bool | None]:
         return [table[v.strip()] for v in text.split(",") if v.strip()]
     except KeyError:
         raise argparse.ArgumentTypeError("legs are off, on (comma-separated)") from None
+
+
+def _named_leg(text: str) -> Leg:
+    """NAME:FIELD=VALUE[,FIELD=VALUE...]: a leg of its own name with spec fields set (values as YAML reads them)."""
+    name, _, fields = text.partition(":")
+    if not re.fullmatch(r"[a-z][a-z0-9_-]*", name) or name in (*FLIP_LEGS, BOUND):
+        raise argparse.ArgumentTypeError(
+            f"a leg's name is lowercase letters, digits, - and _, not off, on, run or bound: {name!r}"
+        )
+    changes: list[tuple[str, Any]] = []
+    for change in filter(None, (c.strip() for c in fields.split(","))):
+        path, eq, value = change.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z0-9]+(\.[A-Za-z0-9]+)*", path):
+            raise argparse.ArgumentTypeError(f"expected FIELD=VALUE (a dotted path under spec), got {change!r}")
+        changes.append((path, yaml.safe_load(value)))
+    return Leg(name, tuple(changes))
 
 
 def _engine_url(text: str) -> tuple[str, str]:
@@ -107,6 +128,28 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--think-time", type=float, default=0.0, help="seconds between turns of a conversation")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--legs", type=_legs, default=None, help="off,on (default); --url runs one leg")
+    p.add_argument(
+        "--leg",
+        dest="named_legs",
+        action="append",
+        type=_named_leg,
+        default=[],
+        metavar="NAME:FIELD=VALUE[,...]",
+        help="a leg of this name on the resource with spec fields set, e.g. "
+        "local:router.decodeLocalMaxTokens=8192 (repeatable, in order; instead of --legs; no bound)",
+    )
+    p.add_argument(
+        "--fresh-engines",
+        action="store_true",
+        help="local: restart the engines every leg, also when only router fields change",
+    )
+    p.add_argument(
+        "--suffix-tokens",
+        type=_ints,
+        default=[],
+        help="follow-up turns' new tokens, a point each at every length (the instruction, at most "
+        "--user-tokens, after a tool result of the rest); default: --user-tokens + --tool-tokens",
+    )
     p.add_argument("--no-warmup", action="store_true", help="skip the short warmup conversation per leg")
     p.add_argument(
         "--no-bound",
@@ -191,6 +234,11 @@ def _bench_args(args: argparse.Namespace) -> list[str]:
     if args.legs:
         names = {False: "off", True: "on", None: "run"}
         out += ["--legs", ",".join(names[v] for v in args.legs)]
+    for leg in args.named_legs:
+        fields = ",".join(f"{path}={json.dumps(value)}" for path, value in leg.changes)
+        out += ["--leg", f"{leg.name}:{fields}"]
+    if args.suffix_tokens:
+        out += ["--suffix-tokens", ",".join(map(str, args.suffix_tokens))]
     for flag, value in (("--model", args.model), ("--router-url", args.router_url), ("--prometheus", args.prometheus)):
         if value:
             out += [flag, value]
@@ -274,22 +322,26 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"pdx bench: {err}", file=sys.stderr)
         return 2
+    if args.named_legs and args.legs:
+        print("pdx bench: --leg and --legs are alternatives", file=sys.stderr)
+        return 2
     target: Target
     if args.url:
         engines: dict[str, list[str]] = {}
         for role, url in args.engine_url:
             engines.setdefault(role, []).append(url)
         target = UrlTarget(args.url, engines)
-        legs: list[bool | None] = args.legs or [None]
+        legs: list[LegArg] = args.named_legs or args.legs or [None]
     elif args.cluster:
         target = _cluster_target(args, doc)
-        legs = args.legs or [False, True]
+        legs = args.named_legs or args.legs or [False, True]
     else:
         assert doc is not None
-        target = LocalTarget(doc, args.state_dir)
-        legs = args.legs or [False, True]
+        target = LocalTarget(doc, args.state_dir, fresh_engines=args.fresh_engines)
+        legs = args.named_legs or args.legs or [False, True]
         limit = doc.get("spec", {}).get("model", {}).get("maxModelLen")
-        need = spec.with_prefix(max(args.lengths)).last_turn_tokens()
+        longest = spec.with_prefix(max(args.lengths))
+        need = max(s.last_turn_tokens() for s in [longest.with_new_tokens(n) for n in args.suffix_tokens] or [longest])
         if limit and need > int(limit):
             print(f"pdx bench: the last turn needs about {need} tokens, over maxModelLen {limit}", file=sys.stderr)
             return 2
@@ -302,7 +354,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _with_local_prometheus(
-    args: argparse.Namespace, doc: dict[str, Any], target: LocalTarget, spec: WorkloadSpec, legs: list[bool | None]
+    args: argparse.Namespace, doc: dict[str, Any], target: LocalTarget, spec: WorkloadSpec, legs: list[LegArg]
 ) -> int:
     from .localprom import PrometheusMissing, local_prometheus, scrape_targets
 
@@ -319,7 +371,7 @@ def _with_local_prometheus(
 
 
 def _run(
-    args: argparse.Namespace, doc: dict[str, Any] | None, target: Target, spec: WorkloadSpec, legs: list[bool | None]
+    args: argparse.Namespace, doc: dict[str, Any] | None, target: Target, spec: WorkloadSpec, legs: list[LegArg]
 ) -> int:
     if args.model is None and doc is not None:
         args.model = served_model_name(doc)
@@ -332,6 +384,7 @@ def _run(
         model=args.model,
         bound=not args.no_bound,
         conversation_id=not args.no_conversation_id,
+        suffixes=args.suffix_tokens,
     )
     instance = (args.name or (doc or {}).get("metadata", {}).get("name")) if args.cluster else None
     return execute(target, cfg, args.out, _counter_for(args), prometheus=args.prometheus, instance=instance)

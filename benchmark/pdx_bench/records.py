@@ -63,6 +63,7 @@ class RequestRecord:
     turn: int = 1
     leg: str = ""  # "off", "on", or "" for a single run
     prefix_tokens: int = 0  # the sweep point this request belongs to
+    suffix_tokens: int | None = None  # and its follow-up turns' new tokens (--suffix-tokens; None: not swept)
     prefill_ms: float | None = None  # X-PDX-Prefill-Ms: the router's prefill hop, KV read included
     reuse: str | None = None  # X-PDX-Reuse
     reused_tokens: int = 0  # X-PDX-Reused-Tokens

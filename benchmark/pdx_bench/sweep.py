@@ -1,9 +1,10 @@
 """The OFF/ON sweep over prefix lengths, and the places it can run: local, cluster, a URL.
 
-A `Target` turns "bidirectional on/off" into a serving endpoint. Local and cluster flip the
-same field of the same resource, `spec.kvTransfer.bidirectional`; locally the lead's runtime
-re-renders and restarts the processes, in a cluster the operator rolls the engines and the
-target waits for the status to say the new config serves. A URL target serves what runs.
+A `Target` turns a leg (OFF, ON, or a named one: spec fields set on the resource) into a
+serving endpoint. Local and cluster edit the same resource as a user would: locally the
+runtime re-renders and restarts the processes (only the router when only router fields
+differ from the leg before), in a cluster the operator rolls what changed and the target
+waits for the status to say the new config serves. A URL target serves what runs.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from .client import RunResult, run
-from .enginemetrics import EngineScraper, GroupEngines, snapshot_delta, xfer_totals
+from .enginemetrics import EngineScraper, GroupEngines, accumulate, snapshot_delta, xfer_totals
 from .records import RequestRecord, spread_group_transfer
 from .workload import TokenCounter, Workload, WorkloadSpec, build
 
@@ -41,19 +42,69 @@ class Endpoints:
     served_model_name: str | None = None
 
 
+@dataclass(frozen=True)
+class Leg:
+    """One leg of a sweep: its name, and the spec fields it sets on the resource (dotted
+    camelCase paths under `spec`, e.g. `router.decodeLocalMaxTokens`); none: as it is."""
+
+    name: str
+    changes: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def named(self) -> bool:
+        """Given by name (`--leg`), not OFF, ON or the one leg of a URL run."""
+        return self.name not in FLIP_LEGS
+
+
+FLIP_LEGS = ("off", "on", "run")
+LegArg = Leg | bool | None  # a leg given by name, or OFF (False), ON (True), as it is (None)
+
+
+def as_leg(leg: LegArg) -> Leg:
+    """OFF (False), ON (True), "as it is" (None), or a leg given by name."""
+    if isinstance(leg, Leg):
+        return leg
+    if leg is None:
+        return Leg("run")
+    return Leg("on" if leg else "off", (("kvTransfer.bidirectional", leg),))
+
+
 class Target(Protocol):
-    """Serves a leg. `bidirectional=None` means "as it is" (no flip)."""
+    """Serves a leg; `close` ends what a leg left running for the next (local engines)."""
 
     description: str
 
-    def serve(self, bidirectional: bool | None) -> contextlib.AbstractContextManager[Endpoints]: ...
+    def serve(self, leg: LegArg) -> contextlib.AbstractContextManager[Endpoints]: ...
+
+    def close(self) -> None: ...
+
+
+def with_changes(document: dict[str, Any], changes: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """A copy of a DisaggregatedInference document with spec fields set (the user's own edit)."""
+    doc = copy.deepcopy(document)
+    for path, value in changes:
+        node = doc.setdefault("spec", {})
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return doc
 
 
 def set_bidirectional(document: dict[str, Any], value: bool) -> dict[str, Any]:
     """A copy of a DisaggregatedInference document with the switch set (the user's own edit)."""
-    doc = copy.deepcopy(document)
-    doc.setdefault("spec", {}).setdefault("kvTransfer", {})["bidirectional"] = value
-    return doc
+    return with_changes(document, as_leg(value).changes)
+
+
+def only_router_differs(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two documents differ in `spec.router` alone: the engines need not restart."""
+
+    def rest(doc: dict[str, Any]) -> dict[str, Any]:
+        out = copy.deepcopy(doc)
+        out.get("spec", {}).pop("router", None)
+        return out
+
+    return rest(a) == rest(b)
 
 
 def served_model_name(document: dict[str, Any]) -> str | None:
@@ -74,10 +125,13 @@ class UrlTarget:
         self.description = f"router at {url}"
 
     @contextlib.contextmanager
-    def serve(self, bidirectional: bool | None) -> Iterator[Endpoints]:
-        if bidirectional is not None:
-            raise ValueError("a URL target cannot flip bidirectional; use --local or --cluster for a sweep")
+    def serve(self, leg: LegArg) -> Iterator[Endpoints]:
+        if as_leg(leg).changes:
+            raise ValueError("a URL target cannot flip the resource's fields; use --local or --cluster for a sweep")
         yield Endpoints(self.url, self.engine_urls, self.model_dir)
+
+    def close(self) -> None:
+        pass
 
 
 TopologyFactory = Callable[[dict[str, Any], Path | None], Any]
@@ -90,7 +144,13 @@ def _local_topology(document: dict[str, Any], state_dir: Path | None) -> Any:
 
 
 class LocalTarget:
-    """The CR run as local processes by `pdx.local`; each leg re-renders and restarts them."""
+    """The CR run as local processes by `pdx.local`; each leg re-renders and restarts them.
+
+    A leg whose document differs from the running one in `spec.router` alone restarts only the
+    router (`LocalTopology.reconfigure_router`), as the operator would roll only its Deployment:
+    an engine start costs a minute or two on a GPU. The engines then keep what the leg before
+    left in them (prefix caches, held blocks); `fresh_engines` restarts everything every leg.
+    """
 
     def __init__(
         self,
@@ -99,36 +159,74 @@ class LocalTarget:
         factory: TopologyFactory | None = None,
         on_ready: Callable[[Endpoints], None] | None = None,
         on_leg_end: Callable[[], None] | None = None,
+        fresh_engines: bool = False,
     ) -> None:
         self.document = document
         self.state_dir = state_dir
         self.factory = factory or _local_topology
         self.on_ready = on_ready  # each leg's engines and router, once they serve (e.g. to scrape them)
         self.on_leg_end = on_leg_end  # while they still serve, after the leg's last turn
+        self.fresh_engines = fresh_engines
         self.description = f"local topology of {document.get('metadata', {}).get('name', '?')}"
         self.start_seconds: dict[str, float] = {}
+        self.router_only: list[str] = []  # legs that restarted the router alone
         self.peak_rss_mib: dict[str, dict[str, float]] = {}
+        self._running: tuple[Any, dict[str, Any]] | None = None  # the topology entered, and its document
+
+    def _topology(self, doc: dict[str, Any], leg: str) -> Any:
+        if self._running is not None:
+            topo, running_doc = self._running
+            if not self.fresh_engines and only_router_differs(running_doc, doc):
+                if doc != running_doc:
+                    topo.reconfigure_router(doc)
+                self._running = (topo, doc)
+                self.router_only.append(leg)
+                return topo
+            self.close()
+        topo = self.factory(doc, self.state_dir)
+        topo.__enter__()
+        self._running = (topo, doc)
+        return topo
 
     @contextlib.contextmanager
-    def serve(self, bidirectional: bool | None) -> Iterator[Endpoints]:
-        doc = self.document if bidirectional is None else set_bidirectional(self.document, bidirectional)
+    def serve(self, leg: LegArg) -> Iterator[Endpoints]:
+        leg = as_leg(leg)
+        doc = with_changes(self.document, leg.changes)
         t0 = time.monotonic()
-        with self.factory(doc, self.state_dir) as topo:
-            self.start_seconds[_leg(bidirectional)] = time.monotonic() - t0
-            try:
-                endpoints = Endpoints(
-                    router_url=str(topo.router_url),
-                    engine_urls={k: list(v) for k, v in dict(topo.engine_urls).items()},
-                    model_dir=Path(topo.model_dir),
-                    served_model_name=served_model_name(doc),
-                )
-                if self.on_ready is not None:
-                    self.on_ready(endpoints)
-                yield endpoints
-            finally:  # read while the processes still run
-                if self.on_leg_end is not None:
-                    self.on_leg_end()
-                self.peak_rss_mib[_leg(bidirectional)] = dict(topo.peak_rss_mib())
+        try:
+            topo = self._topology(doc, leg.name)
+        except BaseException:
+            self.close()
+            raise
+        self.start_seconds[leg.name] = time.monotonic() - t0
+        try:
+            endpoints = Endpoints(
+                router_url=str(topo.router_url),
+                engine_urls={k: list(v) for k, v in dict(topo.engine_urls).items()},
+                model_dir=Path(topo.model_dir),
+                served_model_name=served_model_name(doc),
+            )
+            if self.on_ready is not None:
+                self.on_ready(endpoints)
+            yield endpoints
+        except BaseException:
+            self._leg_end(topo, leg.name)
+            self.close()
+            raise
+        self._leg_end(topo, leg.name)
+
+    def _leg_end(self, topo: Any, leg: str) -> None:
+        """Read while the processes still run."""
+        if self.on_leg_end is not None:
+            self.on_leg_end()
+        self.peak_rss_mib[leg] = dict(topo.peak_rss_mib())
+
+    def close(self) -> None:
+        """Stop the topology the last leg left running."""
+        if self._running is not None:
+            topo, _ = self._running
+            self._running = None
+            topo.__exit__(None, None, None)
 
 
 class RolloutTimeout(TimeoutError):
@@ -192,18 +290,21 @@ class ClusterTarget:
 
     def flip(self, bidirectional: bool) -> dict[str, Any]:
         """Patch the switch and wait until the new config serves; returns the object then."""
+        return self.apply(as_leg(bidirectional))
+
+    def apply(self, leg: Leg) -> dict[str, Any]:
+        """Merge-patch the leg's fields that differ and wait until the new config serves."""
         before = self._get()
-        current = before.get("spec", {}).get("kvTransfer", {}).get("bidirectional", True)
+        want = with_changes(before, leg.changes)
+        changed = want.get("spec") != before.get("spec")
         t0 = self._clock()
-        if current != bidirectional:
-            patch = {"spec": {"kvTransfer": {"bidirectional": bidirectional}}}
+        if changed:
+            patch = {"spec": with_changes({}, leg.changes)["spec"]}
             self.api.patch_namespaced_custom_object(
                 GROUP, VERSION, self.namespace, PLURAL, self.name, patch, _content_type="application/merge-patch+json"
             )
-        obj = self.wait_rolled_out(
-            previous_hash=before.get("status", {}).get("configHash"), changed=current != bidirectional
-        )
-        self.rollout_seconds[_leg(bidirectional)] = self._clock() - t0
+        obj = self.wait_rolled_out(previous_hash=before.get("status", {}).get("configHash"), changed=changed)
+        self.rollout_seconds[leg.name] = self._clock() - t0
         return obj
 
     def wait_rolled_out(self, previous_hash: str | None, changed: bool) -> dict[str, Any]:
@@ -255,8 +356,9 @@ class ClusterTarget:
         return out
 
     @contextlib.contextmanager
-    def serve(self, bidirectional: bool | None) -> Iterator[Endpoints]:
-        obj = self.flip(bidirectional) if bidirectional is not None else self._get()
+    def serve(self, leg: LegArg) -> Iterator[Endpoints]:
+        leg = as_leg(leg)
+        obj = self.apply(leg) if leg.changes else self._get()
         status = obj.get("status") or {}
         url = self.router_url or status.get("routerAddress")
         if not url:
@@ -267,9 +369,8 @@ class ClusterTarget:
             served_model_name=served_model_name(obj),
         )
 
-
-def _leg(bidirectional: bool | None) -> str:
-    return {True: "on", False: "off", None: "run"}[bidirectional]
+    def close(self) -> None:
+        pass
 
 
 # ------------------------------------------------------------------------------------ sweep
@@ -279,12 +380,26 @@ def _leg(bidirectional: bool | None) -> str:
 class SweepConfig:
     lengths: list[int]
     spec: WorkloadSpec
-    legs: list[bool | None] = field(default_factory=lambda: [False, True])
+    legs: Sequence[LegArg] = field(default_factory=lambda: [False, True])
     warmup: bool = True
     timeout_s: float = 300.0
     model: str | None = None  # served model name; else the leg's, else the router's /v1/models
     bound: bool = True  # in the ON leg, each length's workload once more straight to decode
     conversation_id: bool = True  # send each conversation's id; False: the router finds it by its history
+    # Follow-up turns' new tokens: each value a point at every length; empty: the spec's own sizes.
+    suffixes: list[int] = field(default_factory=list)
+
+    def points(self) -> list[tuple[int, int | None]]:
+        """(prefix length, suffix) of each group a leg runs, in order."""
+        suffixes: list[int | None] = [*self.suffixes] or [None]
+        return [(length, suffix) for length in self.lengths for suffix in suffixes]
+
+    def leg_list(self) -> list[Leg]:
+        legs = [as_leg(leg) for leg in self.legs]
+        names = [leg.name for leg in legs]
+        if len(set(names)) != len(names) or BOUND in names:
+            raise ValueError(f"legs need distinct names other than {BOUND!r}: {names}")
+        return legs
 
 
 BOUND = "bound"
@@ -298,7 +413,7 @@ class LegResult:
     records: list[RequestRecord]
     errors: list[dict[str, Any]]
     router_stats: dict[str, Any] | None = None
-    engines: dict[int, GroupEngines] = field(default_factory=dict)  # per prefix length
+    engines: dict[int, GroupEngines] = field(default_factory=dict)  # per prefix length (its suffixes pooled)
     notes: list[str] = field(default_factory=list)
 
 
@@ -401,20 +516,38 @@ async def plan_bound(
     )
 
 
+def _pooled(a: GroupEngines | None, b: GroupEngines) -> GroupEngines:
+    """One length's engine figures over its suffix points."""
+    if a is None:
+        return b
+    followups = accumulate(a.followups, b.followups) if a.followups is not None and b.followups is not None else None
+    return GroupEngines(all_turns=accumulate(a.all_turns, b.all_turns), followups=followups)
+
+
+def point_spec(cfg: SweepConfig, length: int, suffix: int | None) -> WorkloadSpec:
+    spec = cfg.spec.with_prefix(length)
+    return spec if suffix is None else spec.with_new_tokens(suffix)
+
+
 async def run_leg(
     ep: Endpoints,
     cfg: SweepConfig,
-    leg: str,
+    leg: Leg | str,
     counter: TokenCounter,
     run_id: str,
     progress: Callable[[RequestRecord | None], None] | None = None,
 ) -> list[LegResult]:
-    """All prefix lengths against one deployment; warmup first, kept out of the records.
+    """Every point (prefix length, suffix) against one deployment; warmup first, kept out of
+    the records.
 
-    In the ON leg (or a --url run), each length's conversations are followed by the same
+    In the ON leg (or a --url run), each point's conversations are followed by the same
     workload, salted texts, sent whole straight to the first decode engine: the bound, a leg
-    of its own.
+    of its own. A named leg's texts are salted with its name (same sizes): it may run on the
+    engines of the leg before, whose prefix caches hold that leg's prompts.
     """
+    leg = leg if isinstance(leg, Leg) else Leg(leg)
+    name = leg.name
+    salt = f":{name}" if leg.named else ""
     async with aiohttp.ClientSession() as session:
         model = cfg.model or ep.served_model_name or await _model_name(session, ep.router_url)
         scraper = EngineScraper(session, ep.engine_urls)
@@ -424,36 +557,45 @@ async def run_leg(
                     prefix_tokens=128, turns=2, conversations=1, user_tokens=16, tool_tokens=16, output_tokens=4
                 ),
                 counter,
-                label=f"{run_id}-{leg}-warmup",
+                label=f"{run_id}-{name}-warmup",
             )
             await run(session, ep.router_url, model, warm, counter=counter, timeout_s=cfg.timeout_s)
-        main = LegResult(leg=leg, records=[], errors=[])
-        plan = await plan_bound(session, ep, cfg, leg, model)
+        main = LegResult(leg=name, records=[], errors=[])
+        plan = await plan_bound(session, ep, cfg, name, model)
         bound = LegResult(leg=BOUND, records=[], errors=[]) if plan.url else None
         if plan.note:
             main.notes.append(plan.note)
-        for length in cfg.lengths:
-            spec = cfg.spec.with_prefix(length)
-            res, main.engines[length] = await _group(
-                session, scraper, ep.router_url, model, build(spec, counter, label=f"{run_id}-{leg}"),
-                counter, cfg, leg, progress,
-            )  # fmt: skip
-            main.records += res.records
-            main.errors += [{**e, "prefix_tokens": length, "leg": leg} for e in res.errors]
+        for length, suffix in cfg.points():
+            spec = point_spec(cfg, length, suffix)
+            point = "" if suffix is None else f"-n{suffix}"
+            workload = build(replace(spec, text_salt=salt), counter, label=f"{run_id}-{name}{point}")
+            res, engines = await _group(session, scraper, ep.router_url, model, workload, counter, cfg, name, progress)
+            main.engines[length] = _pooled(main.engines.get(length), engines)
+            main.records += _at_suffix(res.records, suffix)
+            main.errors += [{**e, "prefix_tokens": length, "suffix_tokens": suffix, "leg": name} for e in res.errors]
             if bound is not None and plan.url is not None and plan.model is not None:
-                salted = build(replace(spec, text_salt=BOUND_SALT), counter, label=f"{run_id}-{BOUND}")
-                res, bound.engines[length] = await _group(
+                salted = build(replace(spec, text_salt=BOUND_SALT), counter, label=f"{run_id}-{BOUND}{point}")
+                res, engines = await _group(
                     session, scraper, plan.url, plan.model, salted, counter, cfg, BOUND, progress, bound=True
                 )
-                bound.records += res.records
-                bound.errors += [{**e, "prefix_tokens": length, "leg": BOUND} for e in res.errors]
-            elif leg in BOUND_LEGS and cfg.bound and progress is not None:
+                bound.engines[length] = _pooled(bound.engines.get(length), engines)
+                bound.records += _at_suffix(res.records, suffix)
+                bound.errors += [
+                    {**e, "prefix_tokens": length, "suffix_tokens": suffix, "leg": BOUND} for e in res.errors
+                ]
+            elif name in BOUND_LEGS and cfg.bound and progress is not None:
                 for _ in range(spec.turns * spec.conversations):  # the bar still reaches its total
                     progress(None)
         main.notes += [f"engine metrics: {url} not reachable, its role left blank: {why}"
                        for url, why in scraper.unreachable.items()]  # fmt: skip
         main.router_stats = await _router_stats(session, ep.router_url)
     return [main] if bound is None else [main, bound]
+
+
+def _at_suffix(records: list[RequestRecord], suffix: int | None) -> list[RequestRecord]:
+    for rec in records:
+        rec.suffix_tokens = suffix
+    return records
 
 
 def run_sweep(
@@ -463,22 +605,26 @@ def run_sweep(
     progress: Callable[[RequestRecord | None], None] | None = None,
     on_leg_start: Callable[[str], None] | None = None,
 ) -> list[LegResult]:
-    """Each leg: deploy (flip), run every length, tear down; legs in `cfg.legs` order."""
+    """Each leg: deploy (flip), run every point; legs in `cfg.legs` order. The target stops
+    what it runs after the last leg (locally, a leg may keep the engines of the leg before)."""
     run_id = f"pdx-{uuid.uuid4().hex[:8]}"
     results: list[LegResult] = []
-    for bidir in cfg.legs:
-        leg = _leg(bidir)
-        if on_leg_start:
-            on_leg_start(leg)
-        with target.serve(bidir) as ep:
-            counter = counter_for(ep)
-            results += asyncio.run(run_leg(ep, cfg, leg, counter, run_id, progress))
+    try:
+        for leg in cfg.leg_list():
+            if on_leg_start:
+                on_leg_start(leg.name)
+            with target.serve(leg) as ep:
+                counter = counter_for(ep)
+                results += asyncio.run(run_leg(ep, cfg, leg, counter, run_id, progress))
+    finally:
+        target.close()
     return results
 
 
 def total_requests(cfg: SweepConfig) -> int:
-    legs = len(cfg.legs) + (sum(1 for b in cfg.legs if _leg(b) in BOUND_LEGS) if cfg.bound else 0)
-    return legs * len(cfg.lengths) * cfg.spec.turns * cfg.spec.conversations
+    legs = cfg.leg_list()
+    runs = len(legs) + (sum(1 for leg in legs if leg.name in BOUND_LEGS) if cfg.bound else 0)
+    return runs * len(cfg.points()) * cfg.spec.turns * cfg.spec.conversations
 
 
 def all_records(results: Sequence[LegResult]) -> list[RequestRecord]:

@@ -116,6 +116,12 @@ class WorkloadSpec:
     def with_prefix(self, prefix_tokens: int) -> WorkloadSpec:
         return replace(self, prefix_tokens=prefix_tokens)
 
+    def with_new_tokens(self, new_tokens: int) -> WorkloadSpec:
+        """Follow-up turns of `new_tokens` new tokens: the instruction (at most half of them)
+        after a tool result of the rest; what decode lacks of a turn is these plus the template's."""
+        user = min(self.user_tokens, new_tokens // 2)
+        return replace(self, user_tokens=user, tool_tokens=new_tokens - user)
+
     def last_turn_tokens(self, template_overhead: int = 16) -> int:
         """Estimated prompt size of the last turn, to check against max-model-len up front."""
         per_turn = self.user_tokens + self.output_tokens + template_overhead

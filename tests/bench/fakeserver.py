@@ -142,21 +142,48 @@ class FakeRouter:
     router_metrics: Metrics = field(default_factory=Metrics)  # the router's own, on /metrics
     prefill: FakeEngine | None = None  # engines that book what each request costs them
     decode: FakeEngine | None = None
+    # router.decodeLocalMaxTokens and decodeLocalMaxBusy: a follow-up turn of at most this many new
+    # tokens (its last message, as _prompt_tokens counts) goes `local` while fewer are in flight
+    decode_local_max_tokens: int = 0
+    decode_local_max_busy: int = 4
+    in_flight: int = 0
 
     def prompt_tokens(self, body: dict[str, Any]) -> int:
         return _prompt_tokens(body)
 
+    def _turn(self, body: dict[str, Any]) -> int:
+        """By the conversation's id; without one, by the history (its answers), as the router finds it."""
+        if "conversation_id" not in body:
+            return 1 + sum(1 for m in body["messages"] if m["role"] == "assistant")
+        conv = str(body["conversation_id"])
+        self.seen[conv] = self.seen.get(conv, 0) + 1
+        return self.seen[conv]
+
+    def _outcome(self, body: dict[str, Any], turn: int) -> str:
+        if turn == 1 or not self.bidirectional:
+            return "miss"
+        new = len(body["messages"][-1]["content"].split()) + 4
+        local = new <= self.decode_local_max_tokens and self.in_flight < self.decode_local_max_busy
+        return "local" if local else "hit"
+
     async def chat(self, req: web.Request) -> web.StreamResponse:
+        self.in_flight += 1
+        try:
+            return await self._chat(req)
+        finally:
+            self.in_flight -= 1
+
+    async def _chat(self, req: web.Request) -> web.StreamResponse:
         body = orjson.loads(await req.read())
         self.bodies.append(body)
         self.headers.append(dict(req.headers))
-        conv = str(body.get("conversation_id"))
-        turn = self.seen.get(conv, 0) + 1
-        self.seen[conv] = turn
+        turn = self._turn(body)
         if self.fail_turn == turn:
             return web.json_response({"error": {"message": "boom"}}, status=500)
-        hit = turn > 1 and self.bidirectional
-        self.router_metrics.outcome(Outcome.HIT if hit else Outcome.MISS, 96 if hit else 0)
+        outcome = self._outcome(body, turn)
+        hit = outcome == "hit"
+        if outcome != "local":  # the fake's metrics know no `local` yet
+            self.router_metrics.outcome(Outcome.HIT if hit else Outcome.MISS, 96 if hit else 0)
         if hit:  # the D->P read prefill would do, as its NIXL histogram would count it
             self.xfer_seconds += 0.004
             self.xfer_count += 1
@@ -166,7 +193,7 @@ class FakeRouter:
             self.decode.book(DECODE_BOOKS)
         facts = {
             "X-PDX-Prefill-Ms": "12.5" if hit else "40.0",
-            "X-PDX-Reuse": "hit" if hit else "miss",
+            "X-PDX-Reuse": outcome,
             "X-PDX-Reused-Tokens": "96" if hit else "0",
         }
         resp = web.StreamResponse(
@@ -178,7 +205,10 @@ class FakeRouter:
             await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
 
         await send({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
-        await asyncio.sleep(self.first_token_delay + (0 if hit else self.per_token_delay * self.prompt_tokens(body)))
+        recompute = outcome == "miss"
+        await asyncio.sleep(
+            self.first_token_delay + (self.per_token_delay * self.prompt_tokens(body) if recompute else 0)
+        )
         n = int(body["max_tokens"])
         for i in range(n):
             if i:
@@ -269,10 +299,12 @@ class FakeTopology:
     """
 
     started: ClassVar[list[dict[str, Any]]] = []
+    reconfigured: ClassVar[list[dict[str, Any]]] = []  # documents whose router alone was restarted
     models: ClassVar[set[str]] = set()
     decodes: ClassVar[list[FakeEngine]] = []
     routers: ClassVar[list[FakeRouter]] = []
     with_decode: ClassVar[bool] = True
+    token_delay: ClassVar[float] = 0.0  # of the router's answers
 
     def __init__(self, document: dict[str, Any], state_dir: Path | None = None) -> None:
         self.document = document
@@ -281,7 +313,7 @@ class FakeTopology:
         self._fake = ThreadedFake(
             FakeRouter(
                 first_token_delay=0.002,
-                token_delay=0.0,
+                token_delay=FakeTopology.token_delay,
                 bidirectional=bidir,
                 per_token_delay=2e-6,
                 prefill=self.prefill,
@@ -290,10 +322,23 @@ class FakeTopology:
         )
         self._engines = (ThreadedFake(self.prefill), ThreadedFake(self.decode))
         self.model_dir = Path("/nonexistent-model-dir")
+        self._router_fields(document)
+
+    def _router_fields(self, document: dict[str, Any]) -> None:
+        router = document["spec"].get("router", {})
+        self._fake.fake.decode_local_max_tokens = int(router.get("decodeLocalMaxTokens", 0))
+        self._fake.fake.decode_local_max_busy = int(router.get("decodeLocalMaxBusy", 4))
+
+    def reconfigure_router(self, document: dict[str, Any]) -> None:
+        """A new router process: the new fields, no entries; the engines are the same."""
+        FakeTopology.reconfigured.append(document)
+        self._router_fields(document)
+        self._fake.fake.seen.clear()
 
     @classmethod
     def reset(cls) -> None:
-        cls.started, cls.models, cls.decodes, cls.routers, cls.with_decode = [], set(), [], [], True
+        cls.started, cls.reconfigured, cls.models, cls.decodes, cls.routers = [], [], set(), [], []
+        cls.with_decode, cls.token_delay = True, 0.0
 
     def __enter__(self) -> FakeTopology:
         FakeTopology.started.append(self.document)

@@ -15,6 +15,7 @@ from pdx_bench.sweep import (
     PLURAL,
     VERSION,
     ClusterTarget,
+    Leg,
     RolloutTimeout,
     expected_config_hash,
     set_bidirectional,
@@ -70,10 +71,19 @@ class FakeOperatorApi:
         self, group: str, version: str, ns: str, plural: str, name: str, body: dict[str, Any], **kw: Any
     ) -> dict[str, Any]:
         self.patches.append((body, kw.get("_content_type")))
-        self.obj["spec"]["kvTransfer"].update(body["spec"]["kvTransfer"])
+        _merge(self.obj, body)
         self.obj["metadata"]["generation"] += 1
         self._since_patch = 0
         return copy.deepcopy(self.obj)
+
+
+def _merge(obj: dict[str, Any], patch: dict[str, Any]) -> None:
+    """A JSON merge patch (RFC 7386) without deletions."""
+    for key, value in patch.items():
+        if isinstance(value, dict):
+            _merge(obj.setdefault(key, {}), value)
+        else:
+            obj[key] = value
 
 
 class FakeCore:
@@ -114,6 +124,16 @@ def test_flip_patches_and_waits_for_the_new_config() -> None:
     assert obj["status"]["configHash"] != expected_config_hash(_cr(True))
     # It did not stop at the stale Ready (poll 1) nor at the new generation with the old hash (poll 2).
     assert api.gets == 1 + 3 and sleeps == [2.0, 2.0]
+
+
+def test_a_named_leg_patches_its_fields_and_waits_for_the_router_alone() -> None:
+    api = FakeOperatorApi(_cr(True))
+    target, sleeps = _target(api)
+    obj = target.apply(Leg("by-id", (("router.conversationFrom", "id"),)))
+    assert api.patches == [({"spec": {"router": {"conversationFrom": "id"}}}, "application/merge-patch+json")]
+    assert obj["spec"]["router"]["conversationFrom"] == "id"
+    assert obj["status"]["configHash"] == expected_config_hash(_cr(True))  # the engines' generation is the same
+    assert sleeps == [2.0, 2.0] and set(target.rollout_seconds) == {"by-id"}  # not at the stale Ready
 
 
 def test_no_patch_when_already_set() -> None:
