@@ -7,7 +7,8 @@
 #     sweep  one client, OFF then ON (and the lower bound), 3 conversations x 4 turns at $LENGTHS
 #     load   8 clients, 16 conversations x 4 turns at 16k tokens, the legs in $LOAD_LEGS
 #     FIELD=VALUE  the ON leg at $VARIANT_LENGTHS on the resource with one spec field changed
-#            (a dotted camelCase path under spec, e.g. kvTransfer.blockSize=128), without the bound
+#            (a dotted camelCase path under spec, e.g. kvTransfer.blockSize=128), without the bound;
+#            several joined by + change together (router.decodeLocalMaxTokens=0+kvTransfer.blockSize=128)
 #
 # Environment: LENGTHS (2000,8000,16000,24000,32000), LOAD_LEGS (off,on), VARIANT_LENGTHS
 # (16000,24000), PYTHON (python3), CR (examples/local-gpu.yaml).
@@ -24,15 +25,18 @@ state=${PDX_CACHE:-$HOME/.cache/pdx}/local
 variant() {
   "$PY" - "$CR" "$1" "$out" <<'PY'
 import sys, yaml
-cr, change, out = sys.argv[1:]
-path, _, value = change.partition("=")
+cr, changes, out = sys.argv[1:]
 doc = yaml.safe_load(open(cr))
-node = doc["spec"]
-*parents, leaf = path.split(".")
-for key in parents:
-    node = node.setdefault(key, {})
-node[leaf] = yaml.safe_load(value)
-name = f"{out}/cr-{path.replace('.', '-')}-{value}.yaml"
+names = []
+for change in changes.split("+"):
+    path, _, value = change.partition("=")
+    node = doc["spec"]
+    *parents, leaf = path.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = yaml.safe_load(value)
+    names.append(f"{path.replace('.', '-')}-{value}")
+name = f"{out}/cr-{'+'.join(names)}.yaml"
 yaml.safe_dump(doc, open(name, "w"), sort_keys=False)
 print(name)
 PY
