@@ -14,6 +14,7 @@ import yaml
 
 from pdx.resource import manifest_documents
 
+from .background import BackgroundSpec, write_streams
 from .breakdown import (
     BREAKDOWN_HEADERS,
     ENGINE_HEADERS,
@@ -22,6 +23,11 @@ from .breakdown import (
     engine_rows,
     engines_json,
 )
+from .points import HEADERS as POINT_HEADERS
+from .points import markdown_table as points_table
+from .points import point_stats
+from .points import table_rows as point_rows
+from .points import to_json as point_json
 from .records import write_records
 from .report import format_table, markdown, plain, write_report
 from .sweep import (
@@ -162,6 +168,18 @@ def add_parser(sub: Any) -> None:
         help="send no conversation id, as OpenAI clients do: the router finds each conversation by its history"
         " (router.conversationFrom history or both)",
     )
+    p.add_argument(
+        "--background-streams",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N single-turn streams decoding through the router all leg long, restarted as they end; "
+        "their TPOT during each point's follow-up turns goes in the per-point table",
+    )
+    p.add_argument("--background-prompt-tokens", type=int, default=128, help="each stream request's prompt")
+    p.add_argument(
+        "--background-output-tokens", type=int, default=512, help="each stream request's answer (max and min tokens)"
+    )
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="output directory")
     p.add_argument("--state-dir", type=Path, help="local: state directory of the topology")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
@@ -176,6 +194,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--image", help="--in-cluster: image with pdx installed")
     p.add_argument("--results-claim", help="--in-cluster: PersistentVolumeClaim to keep results in")
     p.set_defaults(run=main)
+
+
+def _background(args: argparse.Namespace) -> BackgroundSpec | None:
+    if not args.background_streams:
+        return None
+    return BackgroundSpec(args.background_streams, args.background_prompt_tokens, args.background_output_tokens)
 
 
 def _spec(args: argparse.Namespace) -> WorkloadSpec:
@@ -239,6 +263,12 @@ def _bench_args(args: argparse.Namespace) -> list[str]:
         out += ["--leg", f"{leg.name}:{fields}"]
     if args.suffix_tokens:
         out += ["--suffix-tokens", ",".join(map(str, args.suffix_tokens))]
+    if args.background_streams:
+        out += [
+            "--background-streams", str(args.background_streams),
+            "--background-prompt-tokens", str(args.background_prompt_tokens),
+            "--background-output-tokens", str(args.background_output_tokens),
+        ]  # fmt: skip
     for flag, value in (("--model", args.model), ("--router-url", args.router_url), ("--prometheus", args.prometheus)):
         if value:
             out += [flag, value]
@@ -319,6 +349,7 @@ def main(args: argparse.Namespace) -> int:
         return _in_cluster(args, doc)
     try:
         spec = _spec(args)
+        _background(args)
     except ValueError as err:
         print(f"pdx bench: {err}", file=sys.stderr)
         return 2
@@ -385,6 +416,7 @@ def _run(
         bound=not args.no_bound,
         conversation_id=not args.no_conversation_id,
         suffixes=args.suffix_tokens,
+        background=_background(args),
     )
     instance = (args.name or (doc or {}).get("metadata", {}).get("name")) if args.cluster else None
     return execute(target, cfg, args.out, _counter_for(args), prometheus=args.prometheus, instance=instance)
@@ -425,6 +457,8 @@ def execute(
     errors: list[dict[str, Any]] = []
     for leg in results:
         files[f"records_{leg.leg}"] = write_records(out / f"records-{leg.leg}.json", leg.records)
+        if leg.background:
+            files[f"background_{leg.leg}"] = write_streams(out / f"background-{leg.leg}.json", leg.background)
         errors += leg.errors
     if errors:
         files["errors"] = out / "errors.json"
@@ -434,12 +468,27 @@ def execute(
         "target": target.description,
         "lengths": ",".join(map(str, cfg.lengths)),
         "workload": (
-            f"{cfg.spec.conversations} conversations x {cfg.spec.turns} turns, user {cfg.spec.user_tokens} + "
-            f"tool {cfg.spec.tool_tokens} tokens/turn, {cfg.spec.output_tokens} output tokens, "
+            f"{cfg.spec.conversations} conversations x {cfg.spec.turns} turns, "
+            + (
+                f"user at most {cfg.spec.user_tokens} + tool the rest of each suffix, "
+                if cfg.suffixes
+                else f"user {cfg.spec.user_tokens} + tool {cfg.spec.tool_tokens} tokens/turn, "
+            )
+            + f"{cfg.spec.output_tokens} output tokens, "
             f"concurrency {cfg.spec.concurrency}, seed {cfg.spec.seed}"
         ),
         "wall time": f"{time.time() - started:.0f} s",
     }
+    if cfg.suffixes:
+        context["suffixes"] = ",".join(map(str, cfg.suffixes)) + " new tokens per follow-up turn"
+    if cfg.background is not None:
+        bg = cfg.background
+        context["background"] = (
+            f"{bg.streams} streams through the router, {bg.prompt_tokens} prompt + {bg.output_tokens} output tokens "
+            "per request, restarted as they end"
+        )
+    for leg_name in getattr(target, "router_only", []):
+        context[f"{leg_name} leg"] = "the engines of the leg before, the router restarted with its fields"
     for attr in ("start_seconds", "rollout_seconds"):
         for leg_name, secs in getattr(target, attr, {}).items():
             context[f"{leg_name} leg ready after"] = f"{secs:.0f} s"
@@ -476,6 +525,11 @@ def execute(
     if where:
         table = markdown(BREAKDOWN_HEADERS, breakdown_rows(where))
         sections.append(("Where ON's TTFT goes (ms)", f"{table}\n\n{BREAKDOWN_NOTE}"))
+    streams = [s for leg in results for s in leg.background]
+    per_point = point_stats(records, streams)
+    per_point_shown = bool(cfg.suffixes or cfg.background is not None or any(leg.named for leg in cfg.leg_list()))
+    if per_point_shown:
+        sections.insert(0, ("TTFT and background TPOT per leg and point", points_table(per_point)))
     per_role = engine_rows(engines)
     if per_role:
         table = markdown(ENGINE_HEADERS, per_role)
@@ -486,13 +540,13 @@ def execute(
         # A deployment keeps reuse facts from its clients unless router.reuseHeaders is on.
         notes.append(REUSE_HEADERS_OFF)
         print(f"pdx bench: {REUSE_HEADERS_OFF}", file=sys.stderr)
+    legs = cfg.leg_list()
+    off_on = any(not leg.named for leg in legs)
+    title = "pdx bench: " + (
+        "bidirectional KV transfer OFF vs ON" if off_on else "legs " + ", ".join(leg.name for leg in legs)
+    )
     rows, written = write_report(
-        records,
-        out,
-        title="pdx bench: bidirectional KV transfer OFF vs ON",
-        context=context,
-        notes=notes,
-        sections=sections,
+        records, out, title=title, context=context, notes=notes, sections=sections, off_on=off_on
     )
     files.update(written)
     summary = {
@@ -500,14 +554,19 @@ def execute(
         "rows": [_row_json(r) for r in rows],
         "errors": len(errors),
         "router_stats": {leg.leg: leg.router_stats for leg in results if leg.leg != "bound"},
+        "points": [point_json(p) for p in per_point],
         "ttft_breakdown": [b.to_json() for b in where],
         "engines": engines_json(engines),
         "notes": notes,
     }
     files["summary"] = out / "summary.json"
     files["summary"].write_text(json.dumps(summary, indent=2) + "\n")
-    print("TTFT in ms by prefix length (turns >= 2):")
-    print(format_table(rows))
+    if off_on:
+        print("TTFT in ms by prefix length (turns >= 2):")
+        print(format_table(rows))
+    if per_point_shown:
+        print("TTFT and background TPOT in ms per leg and point (turns >= 2):")
+        print(plain(POINT_HEADERS, point_rows(per_point)))
     if where:
         print("Where ON's TTFT goes (ms; hops and engine figures are means):")
         print(plain(BREAKDOWN_HEADERS, breakdown_rows(where)))

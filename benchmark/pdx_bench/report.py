@@ -261,35 +261,38 @@ def _nz(values: Sequence[float]) -> list[float]:
 
 def markdown_report(
     rows: Sequence[Row],
-    ttft_png: Path,
-    prefill_png: Path,
+    ttft_png: Path | None,
+    prefill_png: Path | None,
     *,
     title: str = "pdx bench",
     context: dict[str, str] | None = None,
     notes: Sequence[str] = (),
     sections: Sequence[tuple[str, str]] = (),
 ) -> str:
-    """`sections`: further (heading, Markdown) parts, after the TTFT table and its plot."""
+    """`sections`: further (heading, Markdown) parts, after the TTFT table and its plot; no
+    plots: no OFF/ON table either (a run of named legs only)."""
     lines = [f"# {title}", ""]
     if context:
         lines += [f"- **{k}**: {v}" for k, v in context.items()]
         lines.append("")
-    lines += [
-        "## TTFT by prefix length (ms, turns >= 2)",
-        "",
-        markdown_table(rows),
-        "",
-        f"![TTFT vs prompt length]({ttft_png.name})",
-        "",
-    ]
+    if ttft_png is not None:
+        lines += [
+            "## TTFT by prefix length (ms, turns >= 2)",
+            "",
+            markdown_table(rows),
+            "",
+            f"![TTFT vs prompt length]({ttft_png.name})",
+            "",
+        ]
     for heading, body in sections:
         lines += [f"## {heading}", "", body, ""]
-    lines += [
-        "## Prefill time: compute and KV transfer",
-        "",
-        f"![Prefill breakdown]({prefill_png.name})",
-        "",
-    ]
+    if prefill_png is not None:
+        lines += [
+            "## Prefill time: compute and KV transfer",
+            "",
+            f"![Prefill breakdown]({prefill_png.name})",
+            "",
+        ]
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(lines)
@@ -303,12 +306,18 @@ def write_report(
     context: dict[str, str] | None = None,
     notes: Sequence[str] = (),
     sections: Sequence[tuple[str, str]] = (),
+    off_on: bool = True,
 ) -> tuple[list[Row], dict[str, Path]]:
-    """Plots and report.md into `out`; returns the table rows and the files written."""
+    """Plots and report.md into `out`; returns the table rows and the files written.
+
+    `off_on` False (only named legs ran): neither the OFF/ON table nor its plots."""
     rows = summarize(records)
     out.mkdir(parents=True, exist_ok=True)
+    md = out / "report.md"
+    if not off_on:
+        md.write_text(markdown_report(rows, None, None, title=title, context=context, notes=notes, sections=sections))
+        return rows, {"report": md}
     ttft = plot_ttft(rows, out / "ttft_vs_prompt_length.png")
     prefill = plot_prefill_breakdown(rows, out / "prefill_breakdown.png")
-    md = out / "report.md"
     md.write_text(markdown_report(rows, ttft, prefill, title=title, context=context, notes=notes, sections=sections))
     return rows, {"ttft_plot": ttft, "prefill_plot": prefill, "report": md}

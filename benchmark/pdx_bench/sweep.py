@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from .background import BackgroundSpec, BackgroundStreams, StreamRecord
 from .client import RunResult, run
 from .enginemetrics import EngineScraper, GroupEngines, accumulate, snapshot_delta, xfer_totals
 from .records import RequestRecord, spread_group_transfer
@@ -388,6 +389,7 @@ class SweepConfig:
     conversation_id: bool = True  # send each conversation's id; False: the router finds it by its history
     # Follow-up turns' new tokens: each value a point at every length; empty: the spec's own sizes.
     suffixes: list[int] = field(default_factory=list)
+    background: BackgroundSpec | None = None  # streams decoding through the router all leg long
 
     def points(self) -> list[tuple[int, int | None]]:
         """(prefix length, suffix) of each group a leg runs, in order."""
@@ -415,6 +417,7 @@ class LegResult:
     router_stats: dict[str, Any] | None = None
     engines: dict[int, GroupEngines] = field(default_factory=dict)  # per prefix length (its suffixes pooled)
     notes: list[str] = field(default_factory=list)
+    background: list[StreamRecord] = field(default_factory=list)
 
 
 async def _model_name(session: aiohttp.ClientSession, url: str) -> str:
@@ -565,31 +568,61 @@ async def run_leg(
         bound = LegResult(leg=BOUND, records=[], errors=[]) if plan.url else None
         if plan.note:
             main.notes.append(plan.note)
-        for length, suffix in cfg.points():
-            spec = point_spec(cfg, length, suffix)
-            point = "" if suffix is None else f"-n{suffix}"
-            workload = build(replace(spec, text_salt=salt), counter, label=f"{run_id}-{name}{point}")
-            res, engines = await _group(session, scraper, ep.router_url, model, workload, counter, cfg, name, progress)
-            main.engines[length] = _pooled(main.engines.get(length), engines)
-            main.records += _at_suffix(res.records, suffix)
-            main.errors += [{**e, "prefix_tokens": length, "suffix_tokens": suffix, "leg": name} for e in res.errors]
-            if bound is not None and plan.url is not None and plan.model is not None:
-                salted = build(replace(spec, text_salt=BOUND_SALT), counter, label=f"{run_id}-{BOUND}{point}")
+        streams = None
+        if cfg.background is not None:
+            streams = BackgroundStreams(
+                ep.router_url,
+                model,
+                cfg.background,
+                counter,
+                leg=name,
+                label=f"{run_id}-{name}",
+                timeout_s=cfg.timeout_s,
+            )
+            if not await asyncio.to_thread(streams.start):
+                main.notes.append(f"background: not every stream decoded before the {name} leg's first turn")
+        try:
+            for length, suffix in cfg.points():
+                spec = point_spec(cfg, length, suffix)
+                point = "" if suffix is None else f"-n{suffix}"
+                workload = build(replace(spec, text_salt=salt), counter, label=f"{run_id}-{name}{point}")
                 res, engines = await _group(
-                    session, scraper, plan.url, plan.model, salted, counter, cfg, BOUND, progress, bound=True
+                    session, scraper, ep.router_url, model, workload, counter, cfg, name, progress
                 )
-                bound.engines[length] = _pooled(bound.engines.get(length), engines)
-                bound.records += _at_suffix(res.records, suffix)
-                bound.errors += [
-                    {**e, "prefix_tokens": length, "suffix_tokens": suffix, "leg": BOUND} for e in res.errors
+                main.engines[length] = _pooled(main.engines.get(length), engines)
+                main.records += _at_suffix(res.records, suffix)
+                main.errors += [
+                    {**e, "prefix_tokens": length, "suffix_tokens": suffix, "leg": name} for e in res.errors
                 ]
-            elif name in BOUND_LEGS and cfg.bound and progress is not None:
-                for _ in range(spec.turns * spec.conversations):  # the bar still reaches its total
-                    progress(None)
+                if bound is not None and plan.url is not None and plan.model is not None:
+                    salted = build(replace(spec, text_salt=BOUND_SALT), counter, label=f"{run_id}-{BOUND}{point}")
+                    res, engines = await _group(
+                        session, scraper, plan.url, plan.model, salted, counter, cfg, BOUND, progress, bound=True
+                    )
+                    bound.engines[length] = _pooled(bound.engines.get(length), engines)
+                    bound.records += _at_suffix(res.records, suffix)
+                    bound.errors += [
+                        {**e, "prefix_tokens": length, "suffix_tokens": suffix, "leg": BOUND} for e in res.errors
+                    ]
+                elif name in BOUND_LEGS and cfg.bound and progress is not None:
+                    for _ in range(spec.turns * spec.conversations):  # the bar still reaches its total
+                        progress(None)
+        finally:
+            if streams is not None:
+                main.background = await asyncio.to_thread(streams.stop)
+                main.notes += background_notes(name, main.background)
         main.notes += [f"engine metrics: {url} not reachable, its role left blank: {why}"
                        for url, why in scraper.unreachable.items()]  # fmt: skip
         main.router_stats = await _router_stats(session, ep.router_url)
     return [main] if bound is None else [main, bound]
+
+
+def background_notes(leg: str, records: Sequence[StreamRecord]) -> list[str]:
+    """What the streams did, said when they did not decode as planned."""
+    failed = [r for r in records if r.error is not None]
+    if not failed:
+        return []
+    return [f"background: {len(failed)} of the {leg} leg's {len(records)} stream requests failed: {failed[0].error}"]
 
 
 def _at_suffix(records: list[RequestRecord], suffix: int | None) -> list[RequestRecord]:

@@ -199,6 +199,11 @@ def _text(rng: random.Random, n: int, counter: TokenCounter, lead: str = "") -> 
     return counter.truncate(text, n)
 
 
+def filler(seed: str, n: int, counter: TokenCounter, lead: str = "") -> str:
+    """`lead`, then sentence-like filler up to n tokens, the same for the same seed."""
+    return _text(random.Random(seed), n, counter, lead)
+
+
 def build(spec: WorkloadSpec, counter: TokenCounter | None = None, label: str = "w") -> Workload:
     """Expand a spec into conversations.
 

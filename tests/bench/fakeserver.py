@@ -147,6 +147,9 @@ class FakeRouter:
     decode_local_max_tokens: int = 0
     decode_local_max_busy: int = 4
     in_flight: int = 0
+    # A local turn's prefill runs in decode's batch: every stream's next token waits this long.
+    local_stall_s: float = 0.0
+    stalled_until: float = 0.0  # loop time
 
     def prompt_tokens(self, body: dict[str, Any]) -> int:
         return _prompt_tokens(body)
@@ -205,6 +208,9 @@ class FakeRouter:
             await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
 
         await send({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        loop = asyncio.get_running_loop()
+        if outcome == "local":
+            self.stalled_until = max(self.stalled_until, loop.time() + self.local_stall_s)
         recompute = outcome == "miss"
         await asyncio.sleep(
             self.first_token_delay + (self.per_token_delay * self.prompt_tokens(body) if recompute else 0)
@@ -213,6 +219,7 @@ class FakeRouter:
         for i in range(n):
             if i:
                 await asyncio.sleep(self.token_delay)
+            await asyncio.sleep(max(0.0, self.stalled_until - loop.time()))
             await send({"choices": [{"index": 0, "delta": {"content": f" w{turn}x{i}"}}]})
         usage = {"prompt_tokens": self.prompt_tokens(body), "completion_tokens": n, "total_tokens": 0}
         if self.send_usage:
@@ -305,6 +312,7 @@ class FakeTopology:
     routers: ClassVar[list[FakeRouter]] = []
     with_decode: ClassVar[bool] = True
     token_delay: ClassVar[float] = 0.0  # of the router's answers
+    local_stall_s: ClassVar[float] = 0.0  # what a local turn stalls decode's streams by
 
     def __init__(self, document: dict[str, Any], state_dir: Path | None = None) -> None:
         self.document = document
@@ -314,6 +322,7 @@ class FakeTopology:
             FakeRouter(
                 first_token_delay=0.002,
                 token_delay=FakeTopology.token_delay,
+                local_stall_s=FakeTopology.local_stall_s,
                 bidirectional=bidir,
                 per_token_delay=2e-6,
                 prefill=self.prefill,
@@ -338,7 +347,7 @@ class FakeTopology:
     @classmethod
     def reset(cls) -> None:
         cls.started, cls.reconfigured, cls.models, cls.decodes, cls.routers = [], [], set(), [], []
-        cls.with_decode, cls.token_delay = True, 0.0
+        cls.with_decode, cls.token_delay, cls.local_stall_s = True, 0.0, 0.0
 
     def __enter__(self) -> FakeTopology:
         FakeTopology.started.append(self.document)

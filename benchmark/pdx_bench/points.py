@@ -1,0 +1,147 @@
+"""Per leg and point (prefix length, suffix): follow-up turns' TTFT, their outcomes, and the
+background streams' TPOT while those turns ran.
+
+The OFF/ON table pools a length's points and knows only the OFF and ON legs; a sweep of
+suffixes, named legs or background streams is read here instead. The streams' TPOT is taken
+during the follow-up turns only (each from its start to its last token): that is when a turn
+prefilled on decode can delay them, and the first turns' full prefills are the same in every leg.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .background import StreamRecord, window_tpots
+from .records import RequestRecord
+from .report import markdown, percentile
+
+
+@dataclass(frozen=True)
+class PointStats:
+    leg: str
+    prefix_tokens: int
+    suffix_tokens: int | None
+    n: int  # follow-up turns answered
+    ttft_p50: float
+    ttft_p90: float
+    outcomes: dict[str, int]  # X-PDX-Reuse of the follow-up turns ("-": no header)
+    new_tokens: float | None  # median prompt tokens beyond what decode held (hits: prompt - reused)
+    tpot_n: int = 0  # stream TPOTs taken (one per stream request and follow-up turn)
+    tpot_p50: float = float("nan")
+    tpot_p90: float = float("nan")
+    itl_p99: float = float("nan")  # the streams' inter-token gaps during those turns
+    streams: int = 0  # background stream requests of the leg
+
+    def share(self, outcome: str) -> float:
+        return self.outcomes.get(outcome, 0) / self.n if self.n else 0.0
+
+
+def point_stats(
+    records: Sequence[RequestRecord], streams: Sequence[StreamRecord] = (), min_turn: int = 2
+) -> list[PointStats]:
+    """One row per (leg, prefix, suffix) with follow-up turns, in the order they ran."""
+    keys: list[tuple[str, int, int | None]] = []
+    for r in sorted(records, key=lambda r: r.start_time_ms):
+        key = (r.leg, r.prefix_tokens, r.suffix_tokens)
+        if r.turn >= min_turn and key not in keys:
+            keys.append(key)
+    out = []
+    for leg, prefix, suffix in keys:
+        group = [
+            r
+            for r in records
+            if (r.leg, r.prefix_tokens, r.suffix_tokens) == (leg, prefix, suffix) and r.turn >= min_turn
+        ]
+        ttft = [r.ttft_ms for r in group]
+        held = [float(r.input_num_tokens - r.reused_tokens) for r in group if r.reuse == "hit" and r.reused_tokens]
+        leg_streams = [s for s in streams if s.leg == leg]
+        tpots, gaps = window_tpots(leg_streams, [(r.start_time_ms, r.start_time_ms + r.latency_ms) for r in group])
+        out.append(
+            PointStats(
+                leg=leg,
+                prefix_tokens=prefix,
+                suffix_tokens=suffix,
+                n=len(group),
+                ttft_p50=percentile(ttft, 50),
+                ttft_p90=percentile(ttft, 90),
+                outcomes=dict(Counter(r.reuse or "-" for r in group)),
+                new_tokens=percentile(held, 50) if held else None,
+                tpot_n=len(tpots),
+                tpot_p50=percentile(tpots, 50),
+                tpot_p90=percentile(tpots, 90),
+                itl_p99=percentile(gaps, 99),
+                streams=len(leg_streams),
+            )
+        )
+    return out
+
+
+def cell(v: float | None, fmt: str = "{:.0f}") -> str:
+    """A table cell; `-` for what was not measured (None or NaN), never 0."""
+    return "-" if v is None or v != v else fmt.format(v)
+
+
+def outcome_mix(p: PointStats) -> str:
+    """e.g. `hit 5, local 1`."""
+    return ", ".join(f"{k} {v}" for k, v in sorted(p.outcomes.items())) or "-"
+
+
+HEADERS = (
+    "leg", "prefix", "suffix", "n", "TTFT p50", "TTFT p90", "outcomes", "new tok", "TPOT p50", "TPOT p90",
+    "ITL p99", "TPOT n",
+)  # fmt: skip
+
+
+def table_rows(points: Sequence[PointStats]) -> list[tuple[str, ...]]:
+    return [
+        (
+            p.leg,
+            str(p.prefix_tokens),
+            "-" if p.suffix_tokens is None else str(p.suffix_tokens),
+            str(p.n),
+            cell(p.ttft_p50),
+            cell(p.ttft_p90),
+            outcome_mix(p),
+            cell(p.new_tokens),
+            cell(p.tpot_p50, "{:.2f}"),
+            cell(p.tpot_p90, "{:.2f}"),
+            cell(p.itl_p99, "{:.1f}"),
+            str(p.tpot_n),
+        )
+        for p in points
+    ]
+
+
+NOTE = (
+    "Follow-up turns (turn >= 2) of each leg and point, ms. outcomes: X-PDX-Reuse per turn. new tok: median "
+    "prompt tokens beyond what decode held (hits: prompt - reused). TPOT: the background streams' mean time per "
+    "token during each follow-up turn (one value per stream request and turn, at least 4 gaps); ITL p99: their "
+    "inter-token gaps during those turns; TPOT n: how many values. `-`: not measured."
+)
+
+
+def markdown_table(points: Sequence[PointStats]) -> str:
+    return f"{markdown(HEADERS, table_rows(points))}\n\n{NOTE}"
+
+
+def to_json(p: PointStats) -> dict[str, object]:
+    def num(v: float | None) -> float | None:
+        return None if v is None or v != v else v
+
+    return {
+        "leg": p.leg,
+        "prefix_tokens": p.prefix_tokens,
+        "suffix_tokens": p.suffix_tokens,
+        "n": p.n,
+        "ttft_p50": num(p.ttft_p50),
+        "ttft_p90": num(p.ttft_p90),
+        "outcomes": p.outcomes,
+        "new_tokens": num(p.new_tokens),
+        "tpot_n": p.tpot_n,
+        "tpot_p50": num(p.tpot_p50),
+        "tpot_p90": num(p.tpot_p90),
+        "itl_p99": num(p.itl_p99),
+        "background_requests": p.streams,
+    }
