@@ -14,6 +14,7 @@ import yaml
 
 from pdx.resource import manifest_documents
 
+from . import decodelocal
 from .background import BackgroundSpec, write_streams
 from .breakdown import (
     BREAKDOWN_HEADERS,
@@ -194,6 +195,38 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--image", help="--in-cluster: image with pdx installed")
     p.add_argument("--results-claim", help="--in-cluster: PersistentVolumeClaim to keep results in")
     p.set_defaults(run=main)
+    reports = p.add_subparsers(title="reports on a finished run", metavar="{report-decode-local}")
+    r = reports.add_parser(
+        "report-decode-local",
+        help="decode-local against D->P per history length and suffix, and the default threshold they support",
+        description=decodelocal.__doc__,
+    )
+    r.add_argument("run_dir", type=Path, metavar="DIR", help="a run's --out: its records-*.json and background-*.json")
+    r.add_argument("--dp-leg", default="dp", help="the leg with decodeLocalMaxTokens 0 (default dp)")
+    r.add_argument("--local-leg", default="local", help="the leg that prefills on decode (default local)")
+    r.add_argument(
+        "--ttft-target", type=float, default=decodelocal.TTFT_TARGET, help="local/D->P TTFT p50, at most (0.7)"
+    )
+    r.add_argument(
+        "--tpot-target", type=float, default=decodelocal.TPOT_TARGET, help="TPOT p90 rise, at most (0.10: 10%%)"
+    )
+    r.set_defaults(run=report_decode_local)
+
+
+def report_decode_local(args: argparse.Namespace) -> int:
+    """`pdx bench report-decode-local DIR`: decode-local.md and .json beside the run's records."""
+    missing = [f"records-{leg}.json" for leg in (args.dp_leg, args.local_leg)]
+    missing = [name for name in missing if not (args.run_dir / name).is_file()]
+    if missing:
+        print(f"pdx bench: {args.run_dir} holds no {' or '.join(missing)}", file=sys.stderr)
+        return 2
+    targets = decodelocal.Targets(args.ttft_target, args.tpot_target)
+    choice, files = decodelocal.write_report(args.run_dir, args.dp_leg, args.local_leg, targets)
+    for line in choice.why:
+        print(line)
+    for key, path in files.items():
+        print(f"{key}: {path}")
+    return 0
 
 
 def _background(args: argparse.Namespace) -> BackgroundSpec | None:
