@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One GPU session's runs, most wanted first (docs/gpu.md): each lands in OUT_DIR/<run> when it
+# ends, so a session cut short keeps what finished. Run after scripts/gpu-install.sh and
+# `source /tmp/site/pdx-env.sh`, in the background, and pack OUT_DIR from later device calls.
+#
+#   gpu-session.sh OUT_DIR
+#
+# RUNS (sweep correct decode-local variants load):
+#   sweep         gpu-bench.sh sweep: OFF, ON and the bound at $LENGTHS (2000,8000,16000,24000)
+#   correct       gpu-correct.sh: greedy ON == OFF on the seeded model, edited histories, plugins
+#   decode-local  gpu-decode-local.sh: D->P against decode-local per suffix and history length
+#   variants      gpu-bench.sh: ON through prefill (decodeLocalMaxTokens 0) at 64- and 128-token blocks
+#   load          gpu-bench.sh load: ON under 8 clients, 16 conversations at 16k
+set -uo pipefail
+out=${1:?usage: gpu-session.sh OUT_DIR}
+mkdir -p "$out"
+cd "$(dirname "$0")/.." || exit 2
+
+step() {
+  local name=$1
+  shift
+  echo "== $(date +%T) $name: $*" >>"$out/session.log"
+  "$@" >"$out/$name.out" 2>&1
+  echo "== $(date +%T) $name: exit $?" >>"$out/session.log"
+}
+
+for run in ${RUNS:-sweep correct decode-local variants load}; do
+  case $run in
+    sweep) LENGTHS=${LENGTHS:-2000,8000,16000,24000} step sweep bash scripts/gpu-bench.sh "$out/bench" sweep ;;
+    correct) step correct bash scripts/gpu-correct.sh "$out/correct" ;;
+    decode-local) step decode-local bash scripts/gpu-decode-local.sh "$out/decode-local" ;;
+    variants)
+      step variants bash scripts/gpu-bench.sh "$out/variants" router.decodeLocalMaxTokens=0 \
+        router.decodeLocalMaxTokens=0+kvTransfer.blockSize=128
+      ;;
+    load) LOAD_LEGS=${LOAD_LEGS:-on} step load bash scripts/gpu-bench.sh "$out/load" load ;;
+    *) echo "gpu-session.sh: unknown run $run" >>"$out/session.log" ;;
+  esac
+done
+echo "== $(date +%T) done" >>"$out/session.log"
