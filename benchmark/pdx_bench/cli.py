@@ -517,7 +517,8 @@ def execute(
     if cfg.background is not None:
         bg = cfg.background
         context["background"] = (
-            f"{bg.streams} streams through the router, {bg.prompt_tokens} prompt + {bg.output_tokens} output tokens "
+            f"{bg.streams} stream{'s' if bg.streams != 1 else ''} through the router, {bg.prompt_tokens} prompt + "
+            f"{bg.output_tokens} output tokens "
             "per request, restarted as they end"
         )
     for leg_name in getattr(target, "router_only", []):
