@@ -22,7 +22,7 @@ from pdx_contract import kv_prefix
 from pdx_contract.stats import Holding
 
 from . import answer
-from .answer import StreamedAnswer
+from .answer import StreamedAnswer, StreamedText
 from .chat_tokens import ChatTokenizer, TextPrefix
 from .config import ConfigError, RouterConfig
 from .discovery import Discovery, Pool
@@ -221,8 +221,10 @@ class Router:
     async def _prompt_ids(self, ask: ClientRequest, entry: Entry, prefill: Endpoint) -> PromptIds:
         """The new prompt's ids from the first source that has them: the request itself, the
         router's tokenizer (trusted, resuming from the entry's head), else /tokenize."""
-        if not ask.is_chat and (ids := reuse.prompt_ids_of_completion(ask.body)) is not None:
-            return PromptIds(ids, IdsSource.REQUEST)
+        if not ask.is_chat:  # a prompt of ids, read once already if it named its entry
+            given = ask.prompt.ids if ask.prompt is not None else reuse.prompt_ids_of_completion(ask.body)
+            if given is not None:
+                return PromptIds(given, IdsSource.REQUEST)
         text = None
         if ask.is_chat and self.chat_tokens is not None and self.trust.trusted:
             text = self.chat_tokens.render(ask.body)
@@ -399,6 +401,8 @@ class Router:
         relay = StreamRelay(filt, limit, lambda: ttft.observe(time.perf_counter() - done.started))
         if ask.capture and ask.history is not None:  # the answer names the entry, or the turn it holds
             relay.said = StreamedAnswer()
+        elif ask.capture and ask.reads_text:  # the completion's text names the entry
+            relay.said = StreamedText()
         call = relay.call = await self.upstream.stream(decode, ask.path, body, ask.headers, relay)
         try:
             await relay.wait()
@@ -498,6 +502,8 @@ class Router:
         cap = filter_response(data, ask.capture, strip_ids=not ask.wants_ids)
         self.metrics.ttft.observe(time.perf_counter() - done.started)
         said = answer.of_json(data) if ask.history is not None else None
+        if ask.reads_text:
+            said = answer.text_of_json(data)
         await self._store_entry(ask, done, decode, cap, said)  # the answer leaves after the handler returns
         headers = self._answer_headers(ask, done)
         return Answer(200, orjson.dumps(data), headers=headers)
@@ -517,7 +523,7 @@ class Router:
         self, ask: ClientRequest, done: Prefilled, decode: Endpoint, cap: Captured, said: dict[str, Any] | None
     ) -> None:
         """Keep what decode holds for this conversation's next turn: under its id, else under
-        its history with `said`, the answer."""
+        its history with `said`, the answer, else under its prompt with the completion."""
         _log_hop("from decode", decode, cap.kv)
         if not ask.capture:
             return
@@ -534,10 +540,10 @@ class Router:
             return
         if kept.entry is not None:
             prefix = await self._prefix_for_next_turn(ask, plan.text, cap.prompt(done.attempt.compared_ids))
-            key = ask.store_key(said)
-            turn = ask.history.turn(said) if ask.history is not None and said is not None else None
-            if ask.tenant is not None and key is not None:  # a client without an identity shares nothing
-                await self._put(key, replace(kept.entry, prefix=prefix, tenant=ask.tenant, turn=turn))
+            keep = ask.keep(said, cap.output_ids)
+            if ask.tenant is not None and keep is not None:  # a client without an identity shares nothing
+                entry = replace(kept.entry, prefix=prefix, tenant=ask.tenant, turn=keep.turn)
+                await self._put(keep.key, entry, keep.head, keep.length)
 
     async def _prefix_for_next_turn(
         self, ask: ClientRequest, text: str | None, prompt_ids: IdText | None
@@ -571,11 +577,14 @@ class Router:
 
     async def _find(self, ask: ClientRequest) -> Entry | None:
         """Take the entry under the first of the turn's keys that holds one: its id's, or its
-        history's, longest first (no key: a first turn, nothing to ask)."""
+        history's, longest first, or those of its prompt's prefixes that its heads' indexes
+        list (no key: a first turn, nothing to ask)."""
         keys = ask.lookup_keys()
-        if not keys:
-            return None
         try:
+            if not keys and ask.prompt is not None:
+                keys = ask.prompt_keys(await self.store.lengths(ask.prompt_heads()))
+            if not keys:
+                return None
             entry = await (self.store.take(keys[0]) if len(keys) == 1 else self.store.take_first(keys))
         except Exception as exc:
             self._store_failed("take", exc)
@@ -584,9 +593,9 @@ class Router:
             self.metrics.found(ask.found_by)
         return entry
 
-    async def _put(self, key: str, entry: Entry) -> None:
+    async def _put(self, key: str, entry: Entry, head: str | None = None, length: int = 0) -> None:
         try:
-            await self.store.put(key, entry)
+            await self.store.put(key, entry, head, length)
         except Exception as exc:
             self._store_failed("put", exc)
 

@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from .answer import StreamedAnswer
+from .answer import Pieced
 from .filters import StreamFilter
 from .front import Stream
 from .wire import Call, Head, Sink
@@ -41,7 +41,7 @@ class StreamRelay(Sink):
         self.failed: Exception | None = None
         self.client_gone = False
         self.stored = False  # the entry is stored (or nothing to store): the end may pass
-        self.said: StreamedAnswer | None = None  # pieces the answer together (a turn kept by its history)
+        self.said: Pieced | None = None  # pieces the answer together (a turn kept by its history)
         self._out: Stream | None = None  # the client's answer, while the relay writes to it itself
         self.held = False  # the callbacks write nothing and decode is paused until release()
         self._wake: asyncio.Future[None] | None = None

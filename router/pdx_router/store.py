@@ -16,6 +16,12 @@ Both stores are bounded three ways, each entry's size estimated once when it is 
 
 An entry larger than a tenant's share (or the whole store) is not kept at all: the next
 turn of that conversation is a miss, and nothing else is evicted for it.
+
+A completions turn kept by its prompt (policy/prompt_history.py) is also listed in its head's
+index: its length, under a key bound to its tenant and KV scope. An index lists the
+`HEAD_ENTRIES` most recent entries (a newer one drops the oldest entry, which no lookup could
+find any more), an entry leaves it when it goes, and its bytes count in the entry's size, so
+in both bounds above.
 """
 
 from __future__ import annotations
@@ -33,6 +39,11 @@ GRACE_SECONDS = 120.0
 # otherwise hold every turn for redis-py's 5 s default, twice (take, then put); the router
 # goes on without the store instead. Redis answers in well under a millisecond.
 REDIS_TIMEOUT_SECONDS = 1.0
+HEAD_ENTRIES = 8  # the entries a prompt head's index lists, the most recent
+# What listing an entry in a head's index costs in memory: its slot in the head's dict and the
+# key-to-head map, the head's key, and a share of the head's dict (tracemalloc, 300 to 1400
+# entries: 240-390 bytes for an entry alone under its head, ~200 for one of 8).
+INDEX_ENTRY_BYTES = 512
 
 
 class Store(Protocol):
@@ -43,8 +54,13 @@ class Store(Protocol):
         one atomic step: two turns continuing one history never both get it."""
         ...
 
-    async def put(self, key: str, entry: Entry) -> None:
-        """Keep `entry` under `key`, bounded by `entry.tenant`'s share."""
+    async def put(self, key: str, entry: Entry, head: str | None = None, length: int = 0) -> None:
+        """Keep `entry` under `key`, bounded by `entry.tenant`'s share; with `head`, list its
+        `length` in that head's index."""
+        ...
+
+    async def lengths(self, heads: Sequence[str]) -> list[int]:
+        """The lengths the indexes of these heads list (a completions prompt's lookup)."""
         ...
 
     async def count(self) -> int: ...
@@ -73,6 +89,9 @@ class MemoryStore:
         self._tenant_bytes: dict[str, int] = {}
         # each decode's keys of each generation, oldest first: what `holding` counts
         self._by_holder: dict[tuple[str, str], OrderedDict[str, None]] = {}
+        # each prompt head's entries, oldest first, with their lengths; and each listed entry's head
+        self._heads: dict[str, dict[str, int]] = {}  # (a dict keeps insertion order)
+        self._head_of: dict[str, str] = {}
         self._bytes = 0
         self._max = max_entries
         self._max_bytes = max_bytes
@@ -88,6 +107,12 @@ class MemoryStore:
             del held[key]
             if not held:
                 del self._by_holder[entry.decode_url, entry.generation]
+            head = self._head_of.pop(key, None)
+            if head is not None:
+                listed = self._heads[head]
+                del listed[key]
+                if not listed:
+                    del self._heads[head]
             keys = self._by_tenant[entry.tenant]
             del keys[key]
             if keys:
@@ -117,9 +142,9 @@ class MemoryStore:
                 return entry
         return None
 
-    async def put(self, key: str, entry: Entry) -> None:
+    async def put(self, key: str, entry: Entry, head: str | None = None, length: int = 0) -> None:
         self._drop(key)
-        size, tenant = entry.nbytes(), entry.tenant
+        size, tenant = entry.nbytes() + (INDEX_ENTRY_BYTES if head is not None else 0), entry.tenant
         if self._max_tenant is not None and size > self._max_tenant:
             self._sweep(time.time())
             return  # larger than a tenant may hold: keeping it would only evict the rest
@@ -129,10 +154,20 @@ class MemoryStore:
         self._by_holder.setdefault((entry.decode_url, entry.generation), OrderedDict())[key] = None
         self._tenant_bytes[tenant] = self._tenant_bytes.get(tenant, 0) + size
         self._bytes += size
+        if head is not None:
+            listed = self._heads.setdefault(head, {})
+            listed[key] = length
+            self._head_of[key] = head
+            if len(listed) > HEAD_ENTRIES:
+                self._drop(next(iter(listed)))
         if self._max_tenant is not None:
             while self._tenant_bytes[tenant] > self._max_tenant:
                 self._drop(next(iter(self._by_tenant[tenant])))
         self._sweep(time.time())
+
+    async def lengths(self, heads: Sequence[str]) -> list[int]:
+        listed = self._heads
+        return [n for head in heads if head in listed for n in listed[head].values()]
 
     async def count(self) -> int:
         self._sweep(time.time())
@@ -153,6 +188,8 @@ class MemoryStore:
         self._sizes.clear()
         self._by_tenant.clear()
         self._by_holder.clear()
+        self._heads.clear()
+        self._head_of.clear()
         self._tenant_bytes.clear()
         self._bytes = 0
 
@@ -166,13 +203,15 @@ class MemoryStore:
 #   Ptenant:<id>  sorted set: one tenant's entries, scored like the index
 #   Pholder       hash: each entry's holder id (its decode and generation, see holder_id)
 #   Pholds:<id>   sorted set: the entries one decode holds of one generation, scored like the index
+#   Phead:<head>  sorted set: a prompt head's index, members `<length>:<entry's key>`, scored like
+#                 the index; Pin: a hash, each listed entry's `<length>:<head>`
 # Entries written by earlier routers are in the index but have no size: they count as 0 and
 # leave within one TTL. The scripts name keys they compute from the prefix, so the store
 # runs on one Redis (or a replicated primary), not on Redis Cluster.
 _LUA_COMMON = """
 local P = ARGV[1]
 local index, sizes, owners, total, tbytes = P..'index', P..'size', P..'owner', P..'bytes', P..'tbytes'
-local holders = P..'holder'
+local holders, listed = P..'holder', P..'in'
 local function drop(k)
   local size = tonumber(redis.call('HGET', sizes, k) or '0')
   local owner = redis.call('HGET', owners, k)
@@ -180,6 +219,12 @@ local function drop(k)
   if holder then
     redis.call('ZREM', P..'holds:'..holder, k)
     redis.call('HDEL', holders, k)
+  end
+  local where = redis.call('HGET', listed, k)
+  if where then
+    local n, head = string.match(where, '^(%d+):(.*)$')
+    redis.call('ZREM', P..'head:'..head, n..':'..k)
+    redis.call('HDEL', listed, k)
   end
   redis.call('DEL', k)
   redis.call('ZREM', index, k)
@@ -226,7 +271,8 @@ return nil
 """
 )
 # ARGV: prefix, key, value, keep_ms, score, now, size, tenant id, max entries, max bytes,
-# max bytes per tenant (0: no bound), holder id -> 1 if kept
+# max bytes per tenant (0: no bound), holder id, prompt head ('': none), length, entries a
+# head lists -> 1 if kept
 _LUA_PUT = (
     _LUA_COMMON
     + """
@@ -246,6 +292,14 @@ redis.call('INCRBY', total, size)
 redis.call('HINCRBY', tbytes, owner, size)
 redis.call('HSET', holders, k, ARGV[12])
 redis.call('ZADD', P..'holds:'..ARGV[12], score, k)
+if ARGV[13] ~= '' then
+  local hz = P..'head:'..ARGV[13]
+  redis.call('HSET', listed, k, ARGV[14]..':'..ARGV[13])
+  redis.call('ZADD', hz, score, ARGV[14]..':'..k)
+  while redis.call('ZCARD', hz) > tonumber(ARGV[15]) do
+    drop(string.match(redis.call('ZRANGE', hz, 0, 0)[1], '^%d+:(.*)$'))
+  end
+end
 if max_tenant > 0 then
   while tonumber(redis.call('HGET', tbytes, owner) or '0') > max_tenant do
     local oldest = redis.call('ZRANGE', tz, 0, 0)[1]
@@ -262,6 +316,16 @@ end
 return 1
 """
 )
+# ARGV: prefix, then heads -> the lengths their indexes list
+_LUA_LENGTHS = """
+local out = {}
+for i = 2, #ARGV do
+  for _, m in ipairs(redis.call('ZRANGE', ARGV[1]..'head:'..ARGV[i], 0, -1)) do
+    out[#out + 1] = tonumber(string.match(m, '^(%d+):'))
+  end
+end
+return out
+"""
 # ARGV: prefix, now, holder id, the lowest score of a live entry (now + grace) -> entries
 _LUA_HOLDING = (
     _LUA_COMMON
@@ -278,6 +342,13 @@ sweep(ARGV[2])
 return {redis.call('ZCARD', index), tonumber(redis.call('GET', total) or '0')}
 """
 )
+
+
+def _index_bytes(key: str, head: str, length: int) -> int:
+    """What an entry's listing in a head's index takes in Redis: its member in the head's sorted
+    set and its field in Pin (the key twice, the head, the length twice), plus the two
+    structures' per-element overhead (~64 bytes each)."""
+    return 2 * (len(key) + len(str(length)) + 1) + len(head) + 128
 
 
 def holder_id(decode_url: str, generation: str) -> str:
@@ -318,6 +389,7 @@ class RedisStore:
         self._put = self._redis.register_script(_LUA_PUT)
         self._usage = self._redis.register_script(_LUA_USAGE)
         self._holding = self._redis.register_script(_LUA_HOLDING)
+        self._lengths = self._redis.register_script(_LUA_LENGTHS)
 
     async def take(self, key: str) -> Entry | None:
         raw = await self._take(args=[self._prefix, key, time.time()])
@@ -327,14 +399,20 @@ class RedisStore:
         raw = await self._take_first(args=[self._prefix, *keys])
         return Entry.from_bytes(raw) if raw is not None else None
 
-    async def put(self, key: str, entry: Entry) -> None:
+    async def put(self, key: str, entry: Entry, head: str | None = None, length: int = 0) -> None:
         now = time.time()
         keep_ms = max(1, int((entry.deadline - now + self._grace) * 1000))
         value = entry.to_bytes()
-        args: list[Any] = [self._prefix, key, value, keep_ms, entry.deadline + self._grace, now, len(value)]
+        size = len(value) + (_index_bytes(self._prefix + key, head, length) if head is not None else 0)
+        args: list[Any] = [self._prefix, key, value, keep_ms, entry.deadline + self._grace, now, size]
         args += [tenant_id(entry.tenant), self._max, self._max_bytes, self._max_tenant]
-        args.append(holder_id(entry.decode_url, entry.generation))
+        args += [holder_id(entry.decode_url, entry.generation), head or "", length, HEAD_ENTRIES]
         await self._put(args=args)
+
+    async def lengths(self, heads: Sequence[str]) -> list[int]:
+        if not heads:
+            return []
+        return [int(n) for n in await self._lengths(args=[self._prefix, *heads])]
 
     async def _entries_and_bytes(self) -> tuple[int, int]:
         entries, nbytes = await self._usage(args=[self._prefix, time.time()])

@@ -695,7 +695,10 @@ class DownStore:
     async def take_first(self, keys: Any) -> Any:
         raise ConnectionError("store down")
 
-    async def put(self, key: str, entry: Any) -> None:
+    async def put(self, key: str, entry: Any, head: str | None = None, length: int = 0) -> None:
+        raise ConnectionError("store down")
+
+    async def lengths(self, heads: Any) -> list[int]:
         raise ConnectionError("store down")
 
     async def count(self) -> int:

@@ -6,6 +6,7 @@ import aiohttp
 import orjson
 import pytest
 
+from pdx_router.entries import Entry
 from pdx_router.policy.shapes import FRESH_PREFILL_KV
 
 from .conftest import StackFactory
@@ -186,9 +187,9 @@ async def test_the_next_turn_sent_the_moment_a_stream_ends_finds_the_entry(
     store = s.router.store
     real_put = store.put
 
-    async def slow_put(key: str, entry: object) -> None:  # e.g. a Redis round trip on a busy node
-        await asyncio.sleep(0.3)
-        await real_put(key, entry)  # type: ignore[arg-type]
+    async def slow_put(key: str, entry: Entry, head: str | None = None, length: int = 0) -> None:
+        await asyncio.sleep(0.3)  # e.g. a Redis round trip on a busy node
+        await real_put(key, entry, head, length)
 
     store.put = slow_put  # type: ignore[method-assign]
     msgs = [user(LONG)]

@@ -6,6 +6,8 @@ unit-testable on its own and app.py only moves bytes, measures and records:
 - `engines`: which generation, which prefill, which decode;
 - `reuse`: whether a turn reads decode's KV, how many tokens, and what is kept for the next;
 - `shapes`: the request each hop gets (client, prefill, decode, /tokenize);
+- `history`, `prompt_history`: how a turn without a conversation id finds its entry (a chat
+  by its messages, a completion by its prompt's prefix);
 - `local`: whether a short follow-up turn is prefilled on the decode that holds it;
 - `retry`: whether a failed hop is retried, and with what outcome;
 - `trust`: whether the router's own tokenizer's ids may replace the engine's.
@@ -37,4 +39,4 @@ class FoundBy(StrEnum):
     NONE = "none"  # no conversation: plain P/D
     ID = "id"  # the body's conversation_id
     HEADER = "header"  # X-Session-ID
-    HISTORY = "history"  # the messages up to an assistant turn
+    HISTORY = "history"  # the messages up to an assistant turn, or a completions prompt's prefix

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,8 +14,9 @@ from pdx_contract.router_config import ConversationFrom, TenancyConfig
 
 from ..chat_tokens import renders_plainly
 from ..ids import IdText, fragment
-from . import FoundBy, history
+from . import FoundBy, history, prompt_history
 from .history import History
+from .prompt_history import Prompt
 
 # What prefill gets when there is nothing to reuse (the reference protocol's first hop).
 FRESH_PREFILL_KV: dict[str, Any] = {
@@ -48,6 +49,8 @@ class ClientRequest:
     history: History | None = None
     scope: str | None = None  # the KV scope's digest (history keys are bound to it)
     found_by: FoundBy = FoundBy.NONE
+    # A completions prompt without an id (and history allowed): its prefixes find the entry.
+    prompt: Prompt | None = None
 
     @property
     def stream(self) -> bool:
@@ -55,8 +58,20 @@ class ClientRequest:
 
     @property
     def conversational(self) -> bool:
-        """The turn reads and keeps an entry: an id, or a history, of a known tenant and scope."""
-        return self.key is not None or self.history is not None
+        """The turn reads and keeps an entry: an id, a history or a prompt, of a known tenant
+        and scope."""
+        return self.key is not None or self.history is not None or self.prompt is not None
+
+    @property
+    def reads_text(self) -> bool:
+        """The completion's text names the turn kept (a text prompt without an id)."""
+        return self.prompt is not None and not self.prompt.of_ids
+
+    @property
+    def needs_output_ids(self) -> bool:
+        """The generated ids name the turn kept (a prompt of ids without an id): decode is
+        asked for them even when it names the tokens it holds."""
+        return self.capture and self.prompt is not None and self.prompt.of_ids
 
     @property
     def capture(self) -> bool:
@@ -71,14 +86,41 @@ class ClientRequest:
             return ()
         return tuple(history.key(self.tenant, self.scope, d) for d in self.history.lookup)
 
-    def store_key(self, answer: Mapping[str, Any] | None) -> str | None:
+    def prompt_heads(self) -> tuple[str, ...]:
+        """The store keys of the indexes that list the turns this prompt may continue."""
+        return self.prompt.head_keys() if self.prompt is not None else ()
+
+    def prompt_keys(self, lengths: Iterable[int]) -> tuple[str, ...]:
+        """The store keys of this prompt's prefixes of these lengths, the longest first."""
+        return self.prompt.keys(lengths) if self.prompt is not None else ()
+
+    def keep(self, answer: Mapping[str, Any] | None, output_ids: Sequence[int] | None) -> Keep | None:
         """Where the finished turn is kept: its id's key, else its whole history's (the
-        messages, then `answer`, the assistant message decode gave; None if unknown)."""
+        messages, then `answer`, the assistant message decode gave), else its prompt's (the
+        prompt, then the completion's text or generated ids); None if unknown."""
         if self.key is not None:
-            return self.key
-        if self.history is None or self.tenant is None or self.scope is None or answer is None:
+            turn = self.history.turn(answer) if self.history is not None and answer is not None else None
+            return Keep(self.key, turn)
+        if self.tenant is None or self.scope is None:
             return None
-        return history.key(self.tenant, self.scope, self.history.turn(answer))
+        if self.history is not None:
+            if answer is None:
+                return None
+            digest = self.history.turn(answer)
+            return Keep(history.key(self.tenant, self.scope, digest), digest)
+        if self.prompt is None or (done := self.prompt.turn(answer, output_ids)) is None:
+            return None
+        return Keep(done.key, done.digest, done.head_key, done.length)
+
+
+@dataclass(frozen=True)
+class Keep:
+    """Where a finished turn's entry goes."""
+
+    key: str
+    turn: bytes | None = None  # the digest of the turn decode holds (a chat's: policy.local reads it)
+    head: str | None = None  # a prompt's: the index the store lists the entry in, with its length
+    length: int = 0
 
 
 class BadRequest(ValueError):
@@ -149,26 +191,33 @@ def client_request(
     body: dict[str, Any], headers: Mapping[str, str], path: str, is_chat: bool, front: Front, request_id: str = ""
 ) -> ClientRequest:
     """The conversation comes from `conversation_id`, else the X-Session-ID header (an empty
-    one is none), else (a chat, unless ids alone are configured) from the messages' history;
-    with none of them, plain P/D. It is shared only within the client's tenant and KV scope.
-    Raises BadRequest for a body of the wrong types or an ambiguous identity."""
+    one is none), else (unless ids alone are configured) from a chat's messages or a
+    completion's prompt; with none of them, plain P/D. It is shared only within the client's
+    tenant and KV scope. Raises BadRequest for a body of the wrong types or an ambiguous
+    identity."""
     if (problem := request_problem(body, is_chat)) is not None:
         raise BadRequest(problem)
     conversation, by = found_by_id(body, headers, front.conversation_from)
     clean, wants_ids = clean_client_body(body)
     tenant = tenant_of(headers, front.tenancy)
     scope = kv_scope(clean, front.served_model)
-    key, past = None, None
+    key, past, prompt = None, None, None
     if tenant is not None and scope is not None:
         if conversation:
             key = entry_key(tenant, conversation, scope)
             if is_chat and front.keep_history:
                 past = history.of_messages(clean["messages"])
-        elif is_chat and front.conversation_from != "id":
-            past, by = history.of_messages(clean["messages"]), FoundBy.HISTORY
+        elif front.conversation_from != "id":
+            if is_chat:
+                past = history.of_messages(clean["messages"])
+            else:
+                prompt = prompt_history.of_body(clean, tenant, scope)
+            by = FoundBy.HISTORY
     headers_out = engine_headers(headers, front.engine_key)
-    found = by if key is not None or past is not None else FoundBy.NONE
-    return ClientRequest(path, is_chat, clean, headers_out, key, wants_ids, request_id, tenant, past, scope, found)
+    found = by if key is not None or past is not None or prompt is not None else FoundBy.NONE
+    return ClientRequest(
+        path, is_chat, clean, headers_out, key, wants_ids, request_id, tenant, past, scope, found, prompt
+    )
 
 
 def found_by_id(
@@ -333,8 +382,8 @@ def decode_request(
     """The decode hop's body; a reused completions turn (compared_ids set) runs the exact ids
     its prefill computed. A chat is left for decode to render (see pin_completion_prompt).
     A decode that names the tokens it holds (`names_held`) is not asked for ids: the engines
-    check the next prompt themselves."""
-    out = decode_body(req.body, prefill_kv, want_token_ids=req.capture and not names_held)
+    check the next prompt themselves (unless the generated ids name the turn kept)."""
+    out = decode_body(req.body, prefill_kv, want_token_ids=req.capture and (not names_held or req.needs_output_ids))
     if compared_ids is not None and not req.is_chat:
         out = pin_completion_prompt(out, compared_ids)
     return out
