@@ -19,6 +19,8 @@ class Answer:
     ttft_ms: float
     headers: dict[str, str] = field(default_factory=dict)
     prompt_tokens: int = 0
+    token_ids: list[int] | None = None  # the output's ids, when asked for (return_token_ids)
+    prompt_ids: list[int] | None = None  # the prompt's ids as the engine rendered it, when asked for
 
     @property
     def reuse(self) -> str:
@@ -29,8 +31,13 @@ class Answer:
         return int(self.headers.get("x-pdx-reused-tokens", "0"))
 
 
-def chat(url: str, messages: list[dict[str, str]], conversation: str | None, max_tokens: int = 12) -> Answer:
-    """One streamed, greedy turn through the router (as an agent sends it)."""
+def chat(
+    url: str, messages: list[dict[str, str]], conversation: str | None, max_tokens: int = 12, token_ids: bool = False
+) -> Answer:
+    """One streamed, greedy turn through the router (as an agent sends it).
+
+    `token_ids`: ask for the prompt's and the output's ids (vLLM's return_token_ids), which the
+    router passes on to a client that asked; token texts alone can hide two ids of equal text."""
     body: dict[str, Any] = {
         "model": MODEL,
         "messages": messages,
@@ -40,6 +47,8 @@ def chat(url: str, messages: list[dict[str, str]], conversation: str | None, max
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if token_ids:
+        body["return_token_ids"] = True
     headers = {"Content-Type": "application/json"}
     if conversation:
         body["conversation_id"] = conversation
@@ -48,6 +57,8 @@ def chat(url: str, messages: list[dict[str, str]], conversation: str | None, max
     start = time.perf_counter()
     ttft = 0.0
     text, logprobs, tokens, prompt_tokens = [], [], [], 0
+    ids: list[int] = []
+    prompt_ids: list[int] | None = None
     done = False
     with urllib.request.urlopen(req, timeout=900) as resp:
         got = {k.lower(): v for k, v in resp.headers.items()}
@@ -63,8 +74,14 @@ def chat(url: str, messages: list[dict[str, str]], conversation: str | None, max
             assert "kv_transfer_params" not in chunk, "router leaked engine internals"
             if chunk.get("usage"):
                 prompt_tokens = chunk["usage"]["prompt_tokens"]
+            if token_ids and chunk.get("prompt_token_ids") is not None:
+                prompt_ids = chunk["prompt_token_ids"]
             for choice in chunk.get("choices", []):
-                assert "token_ids" not in choice or choice["token_ids"] is None, "router leaked token ids"
+                if token_ids:
+                    ids += choice.get("token_ids") or []
+                    prompt_ids = choice.get("prompt_token_ids") or prompt_ids
+                else:
+                    assert "token_ids" not in choice or choice["token_ids"] is None, "router leaked token ids"
                 piece = choice.get("delta", {}).get("content")
                 if piece:
                     ttft = ttft or (time.perf_counter() - start) * 1000
@@ -73,7 +90,7 @@ def chat(url: str, messages: list[dict[str, str]], conversation: str | None, max
                     logprobs.append(lp["logprob"])
                     tokens.append(lp["token"])
     assert done, "the stream ended without [DONE]"
-    return Answer("".join(text), logprobs, tokens, ttft, got, prompt_tokens)
+    return Answer("".join(text), logprobs, tokens, ttft, got, prompt_tokens, ids if token_ids else None, prompt_ids)
 
 
 def metric(url: str, name: str) -> float:

@@ -29,7 +29,8 @@ from pdx.local.topology import LocalTopology
 from pdx.monitoring import alerts, dashboard
 from pdx_bench.localprom import local_prometheus, scrape_targets
 from tests.e2e.chat import Answer, chat
-from tests.e2e.test_real_engines import asst, document, text, user
+from tests.e2e.conversations import asst, text, user
+from tests.e2e.test_real_engines import document
 
 pytest.importorskip("vllm", reason="needs the engine extra (scripts/setup.sh)")
 PROMETHEUS = shutil.which("prometheus")

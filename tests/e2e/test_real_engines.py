@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
 import signal
 import statistics
@@ -18,7 +17,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,59 +26,15 @@ import pytest
 from pdx.local import default_document
 from pdx.local.topology import LocalTopology, free_port
 from pdx_contract import kv_prefix
-from tests.e2e.chat import Answer, chat, metric, raw_turn
+from tests.e2e.chat import Answer, raw_turn
+from tests.e2e.conversations import LONG, SCENARIOS
+from tests.e2e.correctness import COMPARED, PLUGINS, Leg, converse, entry_points, judge, observe, router_stats, warm_up
 
 pytest.importorskip("vllm", reason="needs the engine extra (scripts/setup.sh)")
 pytestmark = [pytest.mark.engines, pytest.mark.timeout(1800)]
 
 ROUTER_TTL = 20  # seconds: short, so that expiry can be waited out in a test
 LONG_TTL = 300  # seconds: the router that sees an engine restart must keep its entries that long
-NIXL_XFERS = "vllm:nixl_xfer_time_seconds_count"
-
-WORDS = [
-    "agent",
-    "plan",
-    "tool",
-    "call",
-    "result",
-    "file",
-    "search",
-    "query",
-    "answer",
-    "context",
-    "memory",
-    "step",
-    "check",
-    "build",
-    "test",
-    "deploy",
-    "cluster",
-    "node",
-    "prefill",
-    "decode",
-    "cache",
-    "block",
-    "token",
-    "stream",
-    "request",
-    "response",
-    "error",
-    "retry",
-    "log",
-    "metric",
-]
-
-
-def text(seed: int, n_words: int) -> str:
-    """Deterministic filler prose of about n_words words."""
-    return " ".join(WORDS[(seed * 7 + i * (seed % 5 + 3)) % len(WORDS)] for i in range(n_words))
-
-
-SYSTEM = {"role": "system", "content": "You are a coding agent. " + text(1, 700)}
-
-
-def user(i: int, n: int = 120) -> dict[str, str]:
-    return {"role": "user", "content": f"Step {i}: " + text(i + 10, n)}
 
 
 def document(bidirectional: bool) -> dict[str, Any]:
@@ -94,122 +49,47 @@ def document(bidirectional: bool) -> dict[str, Any]:
 
 @dataclass
 class Run:
-    """Answers per scenario and turn, from one topology."""
+    """Turns per scenario, with prefill's reads, and what the topology said (correctness.Leg)."""
 
-    answers: dict[str, list[Answer]]
-    transfers: float = 0.0
+    leg: Leg
 
+    @property
+    def answers(self) -> dict[str, list[Answer]]:
+        return self.leg.answers
 
-def converse(url: str, name: str, turns: list[Any], on_turn: Any = None) -> list[Answer]:
-    """Run a scripted conversation; each turn builds its messages from earlier answers."""
-    answers: list[Answer] = []
-    for i, build in enumerate(turns):
-        if on_turn:
-            on_turn(name, i)
-        answers.append(chat(url, build(answers), conversation=name))
-    return answers
+    def reads(self, name: str, turn: int) -> float:
+        """NIXL reads prefill counted during one turn."""
+        return self.leg.turns[name][turn].reads
 
 
-def asst(a: Answer) -> dict[str, str]:
-    return {"role": "assistant", "content": a.text}
-
-
-def edited(step: int, spelled: str) -> list[Any]:
-    """Turn 1, then turn 2 with turn 1's user message edited (its step number spelled out)."""
-    return [
-        lambda a: [SYSTEM, user(step)],
-        lambda a: [
-            SYSTEM,
-            {"role": "user", "content": user(step)["content"].replace(f"Step {step}", f"Step {spelled}")},
-            user(step + 1),
-        ],
-    ]
-
-
-# Each scenario has its own steps: a prompt repeated verbatim in another conversation would be
-# a full local prefix hit on decode, which in vLLM 0.32 (CPU) stalls until prefill's 30 s
-# block lease expires (seen here before the fixes in docs/engine-notes.md) and would only slow the test.
-SCENARIOS: dict[str, list[Any]] = {
-    # The agent loop: the whole history plus a tool result and a new step each turn.
-    "grow": [
-        lambda a: [SYSTEM, user(1)],
-        lambda a: [SYSTEM, user(1), asst(a[0]), user(2, 300)],
-        lambda a: [SYSTEM, user(1), asst(a[0]), user(2, 300), asst(a[1]), user(3, 300)],
-    ],
-    # An earlier user message edited: only the system prompt is still decode's.
-    "edited": edited(11, "eleven"),
-    # History truncated: the first exchange dropped.
-    "truncated": [
-        lambda a: [SYSTEM, user(21)],
-        lambda a: [SYSTEM, user(21), asst(a[0]), user(22)],
-        lambda a: [SYSTEM, user(23)],
-    ],
-    # The answer's text stripped (as reasoning is stripped between turns: vLLM issue 43094).
-    "stripped": [
-        lambda a: [SYSTEM, user(31)],
-        lambda a: [SYSTEM, user(31), {"role": "assistant", "content": a[0].text[len(a[0].text) // 2 :]}, user(32)],
-    ],
-    # Almost nothing in common: below the threshold, recomputed.
-    "diverged": [
-        lambda a: [SYSTEM, user(41)],
-        lambda a: [{"role": "system", "content": "Different. " + text(3, 500)}, user(41)],
-    ],
-    # The next turn after the router's deadline.
-    "expired": [lambda a: [SYSTEM, user(51)], lambda a: [SYSTEM, user(51), asst(a[0]), user(52)]],
-    # The prefill container dies between turns and restarts in its pod (vLLM draws a new NIXL
-    # engine id per process); decode still holds the conversation's blocks.
-    "prefill_killed": [
-        lambda a: [SYSTEM, user(81)],
-        lambda a: [SYSTEM, user(81), asst(a[0]), user(82)],
-        lambda a: [SYSTEM, user(81), asst(a[0]), user(82), asst(a[1]), user(83)],
-    ],
-    # The decode holding the KV dies between turns (and comes back, as its pod would).
-    "decode_killed": [
-        lambda a: [SYSTEM, user(61)],
-        lambda a: [SYSTEM, user(61), asst(a[0]), user(62)],
-        lambda a: [SYSTEM, user(61), asst(a[0]), user(62), asst(a[1]), user(63)],
-    ],
-    # Turn 1 as in "edited", for the blind-reuse probe (its own conversation by hand).
-    "blind": edited(71, "seventy-one"),
-    # The same, with decode's parameters passed on as they came (what any router does).
-    "as_given": edited(75, "seventy-five"),
-}
 BY_HAND = ("blind", "as_given")
-
-
-def long_conversation(k: int) -> list[Any]:
-    """Three growing turns to about 4k tokens, for TTFT."""
-    return [
-        lambda a: [SYSTEM, user(100 + k, 400)],
-        lambda a: [SYSTEM, user(100 + k, 400), asst(a[0]), user(200 + k, 400)],
-        lambda a: [SYSTEM, user(100 + k, 400), asst(a[0]), user(200 + k, 400), asst(a[1]), user(300 + k, 400)],
-    ]
-
-
 # Scenarios that restart an engine: last, in this order, because the others must not see it.
 RESTARTS = ("prefill_killed", "decode_killed")
 
 
 def run_all(
-    topo: LocalTopology, before_turn: Any = None, between: Any = None, routers: dict[str, str] | None = None
+    topo: LocalTopology,
+    before_turn: Callable[[str, int], None] | None = None,
+    between: Callable[[], None] | None = None,
+    routers: dict[str, str] | None = None,
 ) -> Run:
     """Every scenario, the long conversations, `between` (if any), then the engine restarts.
 
     `routers` sends a scenario to another router than the topology's (by name).
     """
-    chat(topo.router_url, [user(0)], conversation=None)  # warm up: NIXL handshake, first compile
-    transfers0 = metric(topo.engine_urls["prefill"][0], NIXL_XFERS)
+    started = time.monotonic()
+    warm_up(topo.router_url)
+    prefill = topo.engine_urls["prefill"][0]
     # BY_HAND go through the router as the reference run; with `between`, they are done by hand.
     order = [n for n in SCENARIOS if n not in RESTARTS and not (between and n in BY_HAND)]
-    answers = {name: converse(topo.router_url, name, SCENARIOS[name], before_turn) for name in order}
-    for k in range(3):
-        answers[f"long{k}"] = converse(topo.router_url, f"long{k}", long_conversation(k))
-    transfers = metric(topo.engine_urls["prefill"][0], NIXL_XFERS) - transfers0
+    scripts = {**{n: SCENARIOS[n] for n in order}, **LONG}
+    turns = {name: converse(topo.router_url, prefill, name, script, before_turn) for name, script in scripts.items()}
     if between:
         between()
     for name in RESTARTS:
-        answers[name] = converse((routers or {}).get(name, topo.router_url), name, SCENARIOS[name], before_turn)
-    return Run(answers, transfers)
+        router = (routers or {}).get(name, topo.router_url)
+        turns[name] = converse(router, prefill, name, SCENARIOS[name], before_turn)
+    return Run(observe(topo, turns, started))
 
 
 @contextlib.contextmanager
@@ -242,12 +122,6 @@ def second_router(topo: LocalTopology, *flags: str) -> Iterator[str]:
         proc.wait(timeout=20)
 
 
-def router_stats(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{url}/v1/pdx/stats", timeout=10) as resp:
-        doc: dict[str, Any] = json.loads(resp.read())
-    return doc
-
-
 @pytest.fixture(scope="module")
 def off(tmp_path_factory: pytest.TempPathFactory) -> Run:
     with LocalTopology(document(bidirectional=False), state_dir=tmp_path_factory.mktemp("off")) as topo:
@@ -256,10 +130,8 @@ def off(tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 @dataclass
 class OnRun(Run):
-    router_stats: dict[str, Any] | None = None
     killed: str = ""
     prefill_router_stats: dict[str, Any] | None = None
-    transfers_by_turn: dict[tuple[str, int], float] | None = None
     blind: tuple[Answer, Answer] | None = None  # (turn 1, blind turn 2) by hand
     as_given: tuple[Answer, Answer] | None = None  # (turn 1, turn 2 on decode's params as they came)
 
@@ -271,10 +143,8 @@ def on(off: Run, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnRun]:
     # longer, so that the turn after the restart finds decode's blocks still live.
     with topo, second_router(topo, "--conversation-ttl", str(LONG_TTL)) as long_lived:
         state: dict[str, Any] = {"killed": ""}
-        transfers: dict[tuple[str, int], float] = {}
 
         def before_turn(name: str, i: int) -> None:
-            transfers[(name, i)] = metric(topo.engine_urls["prefill"][0], NIXL_XFERS)
             if name == "expired" and i == 1:
                 time.sleep(ROUTER_TTL + 2)
             if name == "prefill_killed" and i == 1:
@@ -306,18 +176,7 @@ def on(off: Run, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnRun]:
                 blind.append((first, second))
 
         run = run_all(topo, before_turn, blind_reuse, {"prefill_killed": long_lived})
-        transfers[("prefill_killed", 3)] = metric(topo.engine_urls["prefill"][0], NIXL_XFERS)
-        stats, prefill_router_stats = router_stats(topo.router_url), router_stats(long_lived)
-        yield OnRun(
-            run.answers,
-            run.transfers,
-            stats,
-            state["killed"],
-            prefill_router_stats,
-            transfers,
-            blind[0],
-            blind[1],
-        )
+        yield OnRun(run.leg, state["killed"], router_stats(long_lived), blind[0], blind[1])
 
 
 def test_later_turns_pull_kv_from_decode_instead_of_recomputing(on: OnRun) -> None:
@@ -326,12 +185,13 @@ def test_later_turns_pull_kv_from_decode_instead_of_recomputing(on: OnRun) -> No
     # Decode held prompt + answer - 1 tokens of the previous turn; all of it matches.
     assert grow[1].reused_tokens == grow[0].prompt_tokens + len(grow[0].logprobs) - 1
     assert grow[2].reused_tokens == grow[1].prompt_tokens + len(grow[1].logprobs) - 1
-    assert on.transfers > 0, "prefill's NIXL transfer counter did not move"
-    assert on.router_stats is not None and on.router_stats["reuse"]["hit"] >= 2
+    assert on.reads("grow", 1) >= 1 and on.reads("grow", 2) >= 1, "prefill's NIXL read counter did not move"
+    stats = on.leg.router_stats
+    assert stats["reuse"]["hit"] >= 2
     # The engines check the prefix themselves (the pdx plugin): the router asked nobody for
     # the prompts' ids, neither /tokenize nor its own tokenizer.
-    assert on.router_stats["tokenizeMismatch"] == 0
-    assert sum(on.router_stats["promptIds"].values()) == 0
+    assert stats["tokenizeMismatch"] == 0
+    assert sum(stats["promptIds"].values()) == 0
 
 
 def test_bidirectional_off_never_reuses(off: Run) -> None:
@@ -339,10 +199,22 @@ def test_bidirectional_off_never_reuses(off: Run) -> None:
 
 
 def test_greedy_outputs_with_reuse_equal_those_without_token_for_token(off: Run, on: OnRun) -> None:
-    for name in ("grow", "edited", "truncated", "stripped", "diverged", "long0", "long1", "long2"):
+    for name in COMPARED:
         for turn, (a_off, a_on) in enumerate(zip(off.answers[name], on.answers[name], strict=True)):
-            assert a_on.tokens == a_off.tokens, f"{name} turn {turn}"
+            assert a_on.token_ids and a_on.token_ids == a_off.token_ids, f"{name} turn {turn}"
+            assert a_on.prompt_ids and a_on.prompt_ids == a_off.prompt_ids, f"{name} turn {turn}"
             assert max(abs(x - y) for x, y in zip(a_on.logprobs, a_off.logprobs, strict=True)) < 1e-4
+
+
+def test_the_gpu_correctness_run_judges_these_cpu_engines_correct(off: Run, on: OnRun) -> None:
+    """The checks scripts/gpu-correct.sh runs on a GPU, on this run: a check that fails on
+    engines known to be right would fail the GPU run for nothing."""
+    verdict = judge(off.leg, on.leg, tolerance=1e-4, loaded=entry_points())
+    assert verdict.passed, verdict.failures
+    assert verdict.figures["turnsEqual"] == verdict.figures["turnsCompared"] == 23
+    # The CPU profile turns on every plugin: each engine log names all but the optional one.
+    for engine, counts in verdict.figures["pluginLines"].items():
+        assert all(counts[name] for name, p in PLUGINS.items() if not p.optional), (engine, counts)
 
 
 def test_edited_truncated_or_stripped_history_reuses_only_the_common_prefix(on: OnRun) -> None:
@@ -356,9 +228,8 @@ def test_a_turn_with_too_little_in_common_is_recomputed(on: OnRun) -> None:
     answer = on.answers["diverged"][1]
     assert answer.reuse in ("prefix_mismatch", "below_threshold")
     assert answer.reused_tokens == 0
-    by_turn = on.transfers_by_turn or {}
-    assert by_turn[("expired", 0)] == by_turn[("diverged", 1)], "prefill read from decode anyway"
-    assert by_turn[("diverged", 1)] > by_turn[("grow", 1)], "no D->P read was ever counted"
+    assert on.reads("diverged", 1) == 0, "prefill read from decode anyway"
+    assert on.reads("grow", 1) > 0, "no D->P read was ever counted"
 
 
 def test_an_entry_past_its_ttl_is_served_by_recompute(on: OnRun) -> None:
@@ -385,10 +256,9 @@ def test_a_prefill_restarted_between_turns_reads_the_kv_decode_still_holds(off: 
     # The new prefill reads all that decode held of turn 0 (it handshakes with decode afresh).
     assert next_turn.reuse == "hit", next_turn.reuse
     assert next_turn.reused_tokens == first.prompt_tokens + len(first.logprobs) - 1
-    by_turn = on.transfers_by_turn or {}
-    assert by_turn[("prefill_killed", 2)] >= 1, "the new prefill counted no read of decode's KV"
+    assert on.reads("prefill_killed", 1) >= 1, "the new prefill counted no read of decode's KV"
     assert last.reuse == "hit" and last.reused_tokens == next_turn.prompt_tokens + len(next_turn.logprobs) - 1
-    assert by_turn[("prefill_killed", 3)] > by_turn[("prefill_killed", 2)]
+    assert on.reads("prefill_killed", 2) >= 1
     for turn, (a_off, a_on) in enumerate(zip(off.answers["prefill_killed"], on.answers["prefill_killed"], strict=True)):
         assert a_on.tokens == a_off.tokens, f"turn {turn}"
         assert max(abs(x - y) for x, y in zip(a_on.logprobs, a_off.logprobs, strict=True)) < 1e-4

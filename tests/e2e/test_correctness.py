@@ -1,0 +1,268 @@
+"""The correctness run's checks and summary (tests/e2e/correctness.py) on made-up runs, no engines.
+
+The end-to-end tests judge real CPU engines with the same checks; these show that each check
+fails when what it guards goes wrong, which a run of right engines cannot show.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.chat import Answer
+from tests.e2e.correctness import (
+    COMPARED,
+    FOLLOW_UPS,
+    PLUGINS,
+    Leg,
+    Turn,
+    entry_points,
+    expected_reuse,
+    judge,
+    markdown,
+    plugin_report,
+    with_settings,
+    write_summary,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu-correct.sh"
+TURNS = {"grow": 3, "truncated": 3, "long0": 3, "long1": 3, "long2": 3}
+GPU_LOG = (
+    "(APIServer pid=7) INFO 12-03 11:43:35 [prefix_check.py:78] pdx plugin: NIXL reads of decode's KV check the"
+    " prompt's tokens\n(EngineCore_DP0 pid=9) INFO 12-03 11:43:56 [prefix_check.py:78] pdx plugin: NIXL reads of"
+    " decode's KV check the prompt's tokens\n(EngineCore_DP0 pid=9) INFO 12-03 11:43:57 [core.py:133] Initializing\n"
+)
+
+
+def answer(prompt: list[int], out: list[int], reuse: str = "", reused: int = 0) -> Answer:
+    headers = {"x-pdx-reuse": reuse, "x-pdx-reused-tokens": str(reused)} if reuse else {}
+    return Answer("t", [-0.5] * len(out), [str(i) for i in out], 10.0, headers, len(prompt), out, prompt)
+
+
+def conversation(name: str, on: bool) -> list[Turn]:
+    """Turns as right engines give them: later prompts extend the held tokens, except where
+    the scenario edits the history; on reads what the edit left in common, off reads nothing."""
+    prompt, out = [1000 + i for i in range(200)], [7, 8, 9]
+    turns = [Turn(answer(prompt, out, "miss"), 0.0)]
+    for _ in range(1, TURNS.get(name, 2)):
+        held = [*prompt, *out][:-1]
+        if name == "edited":
+            prompt, reuse, reused = [*prompt[:100], 5, *prompt[101:], *out, 11, 12], "hit", 64
+        elif name in ("edited_first", "diverged"):
+            prompt, reuse, reused = [1000, 5, *prompt[2:], *out, 11, 12], "below_threshold", 0
+        else:
+            prompt, reuse, reused = [*prompt, *out, 11, 12], "hit", len(held)
+        turns.append(Turn(answer(prompt, out, reuse if on else "miss", reused if on else 0), float(on and reused > 0)))
+    return turns
+
+
+def leg(on: bool, tmp_path: Path, log: str = GPU_LOG) -> Leg:
+    logs = {}
+    for engine in ("prefill-0", "decode-0"):
+        logs[engine] = tmp_path / f"{'on' if on else 'off'}-{engine}.log"
+        logs[engine].write_text(log)
+    stats = {"reuse": {"hit": 5}, "promptIds": {"local": 0, "engine": 0}, "tokenizeMismatch": 0}
+    turns = {name: conversation(name, on) for name in COMPARED}
+    return Leg(on, turns, stats, logs, {engine: {} for engine in logs}, block_size=64, threshold=64)
+
+
+def failed(off: Leg, on: Leg) -> dict[str, str]:
+    return {c.name: c.detail for c in judge(off, on).checks if not c.passed}
+
+
+def test_runs_as_right_engines_give_them_pass_every_check(tmp_path: Path) -> None:
+    verdict = judge(leg(False, tmp_path), leg(True, tmp_path))
+    assert verdict.passed, verdict.failures
+    figures = verdict.figures
+    assert figures["turnsCompared"] == figures["turnsEqual"] == 23
+    assert figures["onHits"] == 2 + 1 + 2 + 1 + 6  # grow, edited, truncated, stripped, long*
+    assert figures["edited"] == [{"turn": 1, "reuse": "hit", "reusedTokens": 64, "held": 202, "commonWithHeld": 100}]
+    assert figures["firstMessageEdited"]["edited_first"]["commonWithHeld"] == 1
+
+
+def test_one_different_output_token_fails_naming_the_turn_and_where_it_differs(tmp_path: Path) -> None:
+    on = leg(True, tmp_path)
+    turn = on.turns["long1"][2]
+    on.turns["long1"][2] = replace(turn, answer=replace(turn.answer, token_ids=[7, 4, 9]))
+    assert failed(leg(False, tmp_path), on) == {"greedy_outputs_equal": "long1 turn 2 differs at token 1"}
+
+
+def test_logprobs_drifting_past_the_tolerance_fail_though_the_tokens_agree(tmp_path: Path) -> None:
+    on = leg(True, tmp_path)
+    turn = on.turns["grow"][1]
+    on.turns["grow"][1] = replace(turn, answer=replace(turn.answer, logprobs=[-0.5, -0.51, -0.5]))
+    assert list(failed(leg(False, tmp_path), on)) == ["logprobs_close"]
+
+
+def test_a_turn_that_reads_less_than_it_shares_with_decode_fails(tmp_path: Path) -> None:
+    on = leg(True, tmp_path)
+    turn = on.turns[FOLLOW_UPS[0]][1]
+    on.turns[FOLLOW_UPS[0]][1] = replace(turn, answer=answer(turn.answer.prompt_ids or [], [7, 8, 9], "hit", 128))
+    assert failed(leg(False, tmp_path), on) == {
+        "later_turns_read_the_whole_blocks_they_share": "grow turn 1: 128 reused, 202 expected "
+        "(202 of 202 held in common, blocks of 64)"
+    }
+
+
+def test_a_follow_up_that_recomputes_fails_though_its_output_is_right(tmp_path: Path) -> None:
+    on = leg(True, tmp_path)
+    turn = on.turns["long2"][1]
+    on.turns["long2"][1] = Turn(answer(turn.answer.prompt_ids or [], [7, 8, 9], "miss"), 0.0)
+    assert list(failed(leg(False, tmp_path), on)) == [
+        "later_turns_read_the_whole_blocks_they_share",
+        "follow_ups_reuse_over_nixl",
+    ]
+
+
+def test_the_expected_read_is_all_decode_holds_or_the_whole_blocks_shared_and_none_below_the_threshold() -> None:
+    assert expected_reuse(held=202, common=202, prompt=300, block=64, threshold=64) == 202  # the partial block too
+    assert expected_reuse(held=202, common=201, prompt=300, block=64, threshold=64) == 192
+    assert expected_reuse(held=202, common=100, prompt=300, block=64, threshold=64) == 64
+    assert expected_reuse(held=202, common=63, prompt=300, block=16, threshold=64) == 0
+    assert expected_reuse(held=202, common=202, prompt=150, block=64, threshold=64) == 128  # the last token computed
+    assert expected_reuse(held=202, common=100, prompt=300, block=None, threshold=64) is None
+
+
+def test_an_edited_history_that_reads_past_the_edit_fails(tmp_path: Path) -> None:
+    on = leg(True, tmp_path)
+    turn = on.turns["edited"][1]
+    on.turns["edited"][1] = replace(turn, answer=answer(turn.answer.prompt_ids or [], [7, 8, 9], "hit", 192))
+    assert list(failed(leg(False, tmp_path), on)) == [
+        "later_turns_read_the_whole_blocks_they_share",
+        "edited_history_reads_only_the_common_prefix",
+    ]
+
+
+def test_a_first_message_edit_that_still_reads_kv_fails(tmp_path: Path) -> None:
+    on = leg(True, tmp_path)
+    on.turns["edited_first"][1] = replace(on.turns["edited_first"][1], reads=1.0)
+    assert failed(leg(False, tmp_path), on) == {
+        "first_message_edited_reads_nothing": "edited_first turn 1: below_threshold, 0 reused, 1 reads"
+    }
+
+
+def test_reuse_with_bidirectional_off_fails(tmp_path: Path) -> None:
+    off = leg(False, tmp_path)
+    off.turns["grow"][1] = replace(off.turns["grow"][1], reads=2.0)
+    assert failed(off, leg(True, tmp_path)) == {"off_never_reuses": "prefill read 2 times"}
+
+
+def test_a_router_that_tokenized_for_the_engines_fails_the_prefix_check_check(tmp_path: Path) -> None:
+    on = leg(True, tmp_path)
+    on.router_stats["promptIds"] = {"local": 0, "engine": 3}
+    assert list(failed(leg(False, tmp_path), on)) == ["engines_checked_the_prefix"]
+
+
+def test_a_plugin_error_in_any_engine_log_fails_and_is_quoted(tmp_path: Path) -> None:
+    error = "(APIServer pid=7) ERROR 12-03 11:43:35 [prefix_check.py:85] pdx plugin: this vLLM has no X; check OFF"
+    on = leg(True, tmp_path, GPU_LOG + error + "\n")
+    detail = failed(leg(False, tmp_path), on)["plugins_loaded"]
+    assert detail == f"on/prefill-0: {error}; on/decode-0: {error}"
+
+
+def test_plugins_switched_on_by_the_engines_environment_must_each_log_a_line() -> None:
+    cpu_env = {"PDX_NIXL_PROGRESS_DELAY_US": "1000", "PDX_ENGINE_IDLE_WAIT_MS": "3000", "PDX_SHM_RECHECK_MS": "2"}
+    counts, problems = plugin_report(GPU_LOG, cpu_env)
+    assert counts["pdx_prefix_check"] == 2 and counts["pdx_stream_kv_params"] == 0
+    assert problems == [
+        "pdx_nixl_progress_delay is on and logged nothing",
+        "pdx_engine_idle_wait is on and logged nothing",
+        "pdx_shm_recheck is on and logged nothing",
+    ]
+    assert plugin_report(GPU_LOG, {}) == (counts, [])  # a GPU engine: those three stay off
+
+
+def test_a_failed_plugin_load_or_a_line_not_understood_is_a_problem() -> None:
+    log = (
+        "(APIServer pid=7) ERROR 12-03 11:43:35 [__init__.py:70] Failed to load plugin pdx_prefix_check\n"
+        "pdx plugin: something without vLLM's prefix\n"
+    )
+    _, problems = plugin_report(GPU_LOG + log, {})
+    assert problems == [
+        "(APIServer pid=7) ERROR 12-03 11:43:35 [__init__.py:70] Failed to load plugin pdx_prefix_check",
+        "not understood: pdx plugin: something without vLLM's prefix",
+    ]
+
+
+def test_every_pdx_plugin_entry_point_of_this_install_loads() -> None:
+    assert entry_points() == dict.fromkeys(PLUGINS, "loads")
+
+
+def test_a_plugin_entry_point_that_does_not_load_fails_the_run(tmp_path: Path) -> None:
+    loaded = {**dict.fromkeys(PLUGINS, "loads"), "pdx_prefix_check": "ImportError: no module"}
+    verdict = judge(leg(False, tmp_path), leg(True, tmp_path), loaded=loaded)
+    assert verdict.failures == ["plugins_loaded: entry point pdx_prefix_check: ImportError: no module"]
+
+
+def test_the_summary_files_carry_every_check_figure_and_turn(tmp_path: Path) -> None:
+    verdict = judge(leg(False, tmp_path), leg(True, tmp_path))
+    context = {"cr": "examples/local-gpu-correct.yaml", "device": "NVIDIA H200", "versions": "vllm 0.26.0"}
+    write_summary(tmp_path, verdict, context)
+    doc = json.loads((tmp_path / "summary.json").read_text())
+    assert doc["passed"] is True and len(doc["checks"]) == len(verdict.checks) == 10
+    assert len(doc["turns"]) == 23 and doc["figures"]["onReusedTokens"] == verdict.figures["onReusedTokens"]
+    text = (tmp_path / "summary.md").read_text()
+    assert text == markdown(verdict, context)
+    assert text.startswith("# Greedy correctness, bidirectional off vs on: PASS\n")
+    assert "| edited_first | 1 | 205 | yes | 0 | below_threshold | 0 | 0 | 202 | 1 | 0 |" in text
+
+
+def test_settings_change_spec_fields_by_dotted_path_with_yaml_values() -> None:
+    doc = {"spec": {"model": {"dtype": "float32", "extraArgs": ["--enforce-eager"]}}}
+    out = with_settings(doc, ["model.dtype=bfloat16", "model.extraArgs=[]", "kvTransfer.blockSize=128"])
+    assert out["spec"] == {"model": {"dtype": "bfloat16", "extraArgs": []}, "kvTransfer": {"blockSize": 128}}
+    assert doc["spec"]["model"]["dtype"] == "float32"
+    with pytest.raises(ValueError, match="FIELD=VALUE"):
+        with_settings(doc, ["model.dtype"])
+
+
+def test_gpu_correct_sh_passes_shellcheck() -> None:
+    tool = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or shutil.which("shellcheck")
+    if tool is None:
+        pytest.fail("shellcheck not installed: pip install -e '.[test]'")
+    proc = subprocess.run([tool, str(SCRIPT)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_gpu_correct_sh_runs_this_checkouts_driver_with_the_settings_given(tmp_path: Path) -> None:
+    """A stand-in Python records what the script runs: the driver of this checkout (its code
+    first on the path), an absolute OUT_DIR, and each FIELD=VALUE as --set; its exit status."""
+    record = tmp_path / "argv.json"
+    fake = tmp_path / "python"
+    fake.write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        f"if sys.argv[1:3] == ['-m', 'tests.e2e.correctness']:\n"
+        f"    json.dump([os.getcwd(), os.environ['PYTHONPATH'], sys.argv[3:]], open({str(record)!r}, 'w'))\n"
+        "    sys.exit(1)\n"
+    )
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake), "TOLERANCE": "1e-4", "PYTHONPATH": "/tmp/site", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "out", "model.dtype=bfloat16", "model.extraArgs=[]"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    cwd, path, argv = json.loads(record.read_text())
+    assert cwd == str(ROOT)
+    assert path.split(":")[0] == str(ROOT / "operator") and path.endswith(":/tmp/site")
+    out = str(tmp_path / "out")
+    settings = ["--set", "model.dtype=bfloat16", "--set", "model.extraArgs=[]"]
+    assert argv == ["--out", out, "-f", "examples/local-gpu-correct.yaml", "--tolerance", "1e-4", *settings]
+    assert "exit 1 after" in proc.stdout and (tmp_path / "out" / "gpu.txt").is_file()
+
+
+def test_gpu_correct_sh_without_an_output_folder_prints_its_usage_and_exits_2() -> None:
+    proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith("#   gpu-correct.sh OUT_DIR [FIELD=VALUE ...]")
