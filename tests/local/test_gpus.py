@@ -112,3 +112,21 @@ def test_local_gpu_example_on_a_machine_without_gpus_exits_2_with_one_line(tmp_p
         "pdx local: local-gpu-prefill-0, local-gpu-decode-0 ask for NVIDIA GPUs and this machine shows none "
         "(nvidia-smi): run on a GPU machine, or set placement.instanceType: cpu"
     ]
+
+
+def test_local_plan_of_the_gpu_correctness_example_shares_one_gpu_on_its_own_memory_flags(tmp_path: Path) -> None:
+    """examples/local-gpu-correct.yaml (scripts/gpu-correct.sh): the seeded float32 model, eager,
+    on Triton's attention (FlashAttention has no float32), 2 GiB of KV each, not half the GPU."""
+    cr = "examples/local-gpu-correct.yaml"
+    out = _pdx_with_gpus(tmp_path, "0, 143771, NVIDIA H200\\n", "local", "plan", "-f", cr)
+    assert out.returncode == 0, out.stderr
+    engines = [line for line in out.stdout.splitlines() if "pdx_engine.vllm_serve" in line]
+    assert len(engines) == 2
+    for line in engines:
+        assert "CUDA_VISIBLE_DEVICES=0 " in line and "/models/pdx-tiny-w --served-model-name pdx-tiny" in line
+        assert "--dtype float32" in line and "--load-format" not in line
+        memory = "--gpu-memory-utilization 0.2 --kv-cache-memory-bytes 2147483648"
+        assert line.endswith(f"--enforce-eager --attention-backend TRITON_ATTN {memory}")
+        assert line.count("--gpu-memory-utilization") == 1
+        kv = json.loads(line.split("--kv-transfer-config ")[1].split("'")[1])
+        assert kv["kv_buffer_device"] == "cuda" and kv["kv_connector_extra_config"]["bidirectional_kv_xfer"] is True
