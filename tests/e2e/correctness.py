@@ -251,8 +251,12 @@ def turn_rows(off: Leg, on: Leg, names: Iterable[str]) -> list[dict[str, Any]]:
         for i, (t_off, t_on) in enumerate(zip(off_turns, on_turns, strict=False)):
             a_off, a_on = t_off.answer, t_on.answer
             ids_off, ids_on = _ids(a_off), _ids(a_on)
-            held = held_ids(on_turns[i - 1].answer) if i else []
+            prev = on_turns[i - 1].answer if i else None
+            # None where the engines sent no ids (return_token_ids): nothing to count against.
+            known = prev is None or None not in (prev.prompt_ids, prev.token_ids, a_on.prompt_ids)
+            held = held_ids(prev) if prev else []
             common = common_prefix(held, a_on.prompt_ids or [])
+            expected = expected_reuse(len(held), common, a_on.prompt_tokens, on.block_size, on.threshold) if i else 0
             rows.append(
                 {
                     "conversation": name,
@@ -264,11 +268,9 @@ def turn_rows(off: Leg, on: Leg, names: Iterable[str]) -> list[dict[str, Any]]:
                     "maxLogprobDiff": _drift(a_on, a_off),
                     "reuse": a_on.reuse,
                     "reusedTokens": a_on.reused_tokens,
-                    "held": len(held),
-                    "commonWithHeld": common,
-                    "expectedReuse": expected_reuse(len(held), common, a_on.prompt_tokens, on.block_size, on.threshold)
-                    if i
-                    else 0,
+                    "held": len(held) if known else None,
+                    "commonWithHeld": common if known else None,
+                    "expectedReuse": expected if known else None,
                     "reads": t_on.reads,
                     "offReuse": a_off.reuse,
                     "offReads": t_off.reads,
@@ -360,11 +362,16 @@ def judge(
 
     later = [r for r in rows if r["turn"] > 0]
     off_block = [
-        f"{r['conversation']} turn {r['turn']}: {r['reusedTokens']} reused, {r['expectedReuse']} expected "
+        f"{r['conversation']} turn {r['turn']}: the engines sent no token ids to count what decode held"
+        if r["held"] is None
+        else f"{r['conversation']} turn {r['turn']}: {r['reusedTokens']} reused, {r['expectedReuse']} expected "
         f"({r['commonWithHeld']} of {r['held']} held in common, blocks of {on.block_size})"
         for r in later
-        if r["reusedTokens"] != r["expectedReuse"]
-        and not (r["expectedReuse"] is None and r["reusedTokens"] <= r["commonWithHeld"])
+        if r["held"] is None
+        or (
+            r["reusedTokens"] != r["expectedReuse"]
+            and not (r["expectedReuse"] is None and r["reusedTokens"] <= r["commonWithHeld"])
+        )
     ]
     check(
         "later_turns_read_the_whole_blocks_they_share",
@@ -384,7 +391,7 @@ def judge(
     past = [
         f"{EDITED} turn {r['turn']}: {r['reuse']}, {r['reusedTokens']} reused, {r['commonWithHeld']} in common"
         for r in edits
-        if r["reuse"] != "hit" or not 0 < r["reusedTokens"] <= r["commonWithHeld"]
+        if r["reuse"] != "hit" or not 0 < r["reusedTokens"] <= (r["commonWithHeld"] or 0)
     ]
     check(
         "edited_history_reads_only_the_common_prefix",

@@ -122,6 +122,16 @@ def test_a_follow_up_that_recomputes_fails_though_its_output_is_right(tmp_path: 
     ]
 
 
+def test_engines_that_send_no_prompt_ids_fail_the_read_check_saying_so(tmp_path: Path) -> None:
+    on = leg(True, tmp_path)
+    turn = on.turns["grow"][2]
+    on.turns["grow"][2] = replace(turn, answer=replace(turn.answer, prompt_ids=None))
+    assert failed(leg(False, tmp_path), on) == {
+        "later_turns_read_the_whole_blocks_they_share": "grow turn 2: the engines sent no token ids to count what "
+        "decode held"
+    }
+
+
 def test_the_expected_read_is_all_decode_holds_or_the_whole_blocks_shared_and_none_below_the_threshold() -> None:
     assert expected_reuse(held=202, common=202, prompt=300, block=64, threshold=64) == 202  # the partial block too
     assert expected_reuse(held=202, common=201, prompt=300, block=64, threshold=64) == 192
