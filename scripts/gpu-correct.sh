@@ -10,12 +10,13 @@
 # FIELD=VALUE sets one spec field of the CR for this run (a dotted camelCase path under spec, a
 # YAML value: model.dtype=bfloat16, 'model.extraArgs=[--enforce-eager]'). OUT_DIR gets
 # summary.json and summary.md (every figure), gpu.txt, and both runs' logs (off/logs, on/logs).
-# Exit 0: every check passed; 1: a check failed; 2: the run could not finish (OUT_DIR/error.txt).
+# Exit 0: every check passed; 1: a check failed; 2: the run could not finish (OUT_DIR/error.txt);
+# 124: out of time (the engines are stopped first, their logs kept).
 # Environment: PYTHON (python3), CR (examples/local-gpu-correct.yaml), TOLERANCE (1e-3, the
-# largest |logprob on - off| allowed).
+# largest |logprob on - off| allowed), LIMIT_S (540: under a 600 s command limit).
 set -uo pipefail
 [[ $# -ge 1 ]] || {
-  sed -n '8,15p' "$0" >&2
+  sed -n '8,16p' "$0" >&2
   exit 2
 }
 mkdir -p "$1" && out=$(cd "$1" && pwd) || exit 2
@@ -35,7 +36,7 @@ for setting in "$@"; do
   args+=(--set "$setting")
 done
 start=$SECONDS
-"$PY" -m tests.e2e.correctness "${args[@]}"
+timeout -k 30 "${LIMIT_S:-540}" "$PY" -m tests.e2e.correctness "${args[@]}"
 rc=$?
 echo "== gpu-correct: exit $rc after $((SECONDS - start)) s; $out/summary.md"
 exit $rc

@@ -28,6 +28,7 @@ import importlib.metadata
 import json
 import re
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -546,11 +547,16 @@ def _versions() -> str:
     return ", ".join(have)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from pdx.local.cli import read_document
-    from pdx.local.gpus import visible_gpus
-    from pdx.local.topology import LocalTopology
+class OutOfTime(Exception):
+    """SIGTERM, as `timeout` sends it: raised in the run so that the engines are stopped on the
+    way out rather than left holding the GPU."""
 
+
+def _out_of_time(signum: int, frame: object) -> None:
+    raise OutOfTime(f"signal {signum}: out of time")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.e2e.correctness", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="where the summary and logs go")
     parser.add_argument("-f", "--file", type=Path, default=DEFAULT_CR, help="the CR (default: %(default)s)")
@@ -559,6 +565,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--tolerance", type=float, default=LOGPROB_TOLERANCE, help="max |logprob on - off|")
     args = parser.parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _out_of_time)
+    try:
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pdx.local.cli import read_document
+    from pdx.local.gpus import visible_gpus
+    from pdx.local.topology import LocalTopology
+
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     doc = with_settings(read_document(str(args.file)), args.set)

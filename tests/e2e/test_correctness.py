@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from tests.e2e.correctness import (
     entry_points,
     expected_reuse,
     judge,
+    main,
     markdown,
     plugin_report,
     with_settings,
@@ -276,3 +279,33 @@ def test_gpu_correct_sh_runs_this_checkouts_driver_with_the_settings_given(tmp_p
 def test_gpu_correct_sh_without_an_output_folder_prints_its_usage_and_exits_2() -> None:
     proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and proc.stderr.startswith("#   gpu-correct.sh OUT_DIR [FIELD=VALUE ...]")
+
+
+def test_a_sigterm_during_the_run_stops_its_topology_and_leaves_an_error_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `timeout` in gpu-correct.sh sends: the engines must not be left holding the GPU."""
+    stopped: list[Path] = []
+
+    class Topology:
+        def __init__(self, document: object, state_dir: Path) -> None:
+            self.state_dir = state_dir
+
+        def __enter__(self) -> Topology:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            stopped.append(self.state_dir)
+
+    def run_leg(topo: object) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # a turn that hangs: the signal ends it
+
+    monkeypatch.setattr("pdx.local.topology.LocalTopology", Topology)
+    monkeypatch.setattr("pdx.local.gpus.visible_gpus", lambda: [])
+    monkeypatch.setattr("tests.e2e.correctness.run_leg", run_leg)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["--out", str(tmp_path)]) == 2
+    assert stopped == [tmp_path / "off"]
+    assert json.loads((tmp_path / "summary.json").read_text())["error"] == "OutOfTime: signal 15: out of time"
+    assert signal.getsignal(signal.SIGTERM) == before
