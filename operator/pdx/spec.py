@@ -208,9 +208,9 @@ class RoleSpec(_Spec):
 
 
 # The KV block size rendered for GPU engines (KvTransferSpec.block_size says why).
-GPU_BLOCK_SIZE = 64
+GPU_BLOCK_SIZE = 128
 # router.decodeLocalMaxTokens unset, on GPUs (RouterSpec.decode_local_max_tokens says why).
-GPU_DECODE_LOCAL_MAX_TOKENS = 1024
+GPU_DECODE_LOCAL_MAX_TOKENS = 512
 
 # kv_lease_duration (vLLM 0.32 nixl/base_scheduler.py, base_worker.py): decode heartbeats every
 # lease // 6 s, each renewal holds prefill's blocks lease * 2 // 3 s from its arrival.
@@ -249,11 +249,12 @@ class KvTransferSpec(_Spec):
     load_failure_policy: Literal["fail", "recompute"] = "fail"
     """kv_load_failure_policy; `fail` answers 500 and the router retries without reuse."""
     block_size: Literal[16, 32, 64, 128, 256] | None = None
-    """KV cache block size in tokens (--block-size), the same on both roles. Unset: 64 on GPUs,
+    """KV cache block size in tokens (--block-size), the same on both roles. Unset: 128 on GPUs,
     the platform's own on CPU (128). NIXL posts one descriptor per block and layer, so small blocks
     make D->P reads slow to post: on an H200 a 16k-token read spent 48 ms posting at vLLM's default
-    of 16, and 18 of its 23 ms at 64 (docs/results/h200-2026-12-03). Larger blocks also make
-    prefix-cache hits coarser (up to a block recomputed)."""
+    of 16, 29 ms at 64 and 15 ms at 128, where ON's TTFT through prefill fell from 196 to 162 ms
+    (16.7k tokens; docs/results/h200-2026-12-03b). Larger blocks also make prefix-cache hits
+    coarser (up to a block recomputed)."""
 
 
 class PlacementSpec(_Spec):
@@ -359,8 +360,10 @@ class RouterSpec(_Spec):
     decode_local_max_tokens: int | None = Field(default=None, ge=0, le=1 << 20)
     """A follow-up turn whose new tokens (beyond what its conversation's decode holds) are at most
     this is prefilled on that decode, from its own prefix cache: no prefill hop, no D->P read.
-    0: every turn goes through prefill. Unset: 1024 on GPUs, 0 on CPU. A local prefill delays
-    the next token of every stream that decode generates, hence the bound and decodeLocalMaxBusy."""
+    0: every turn goes through prefill. Unset: 512 on GPUs, 0 on CPU. On an H200 a local turn of
+    128-4096 new tokens answered in 0.30-0.56x the D->P path's TTFT; at 512 the streams decode was
+    generating slowed 6-7% at p90 (docs/results/h200-2026-12-03b). A local prefill delays the next
+    token of every stream that decode generates, hence the bound and decodeLocalMaxBusy."""
     decode_local_max_busy: int = Field(default=4, ge=1)
     """A turn goes decode-local only while its decode has fewer requests in flight than this
     (the router's count, or the engine's running + waiting, whichever is higher)."""

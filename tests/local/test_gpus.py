@@ -101,7 +101,7 @@ def test_local_plan_of_the_gpu_example_splits_one_gpu_between_prefill_and_decode
     assert len(engines) == 2
     for line in engines:
         assert "CUDA_VISIBLE_DEVICES=0 " in line and "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y" in line
-        assert "--block-size 64" in line and "--gpu-memory-utilization 0.45 --kv-cache-memory-bytes" in line
+        assert "--block-size 128" in line and "--gpu-memory-utilization 0.45 --kv-cache-memory-bytes" in line
         assert json.loads(line.split("--kv-transfer-config ")[1].split("'")[1])["kv_buffer_device"] == "cuda"
 
 

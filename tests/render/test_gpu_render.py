@@ -24,9 +24,9 @@ def flag(args: list[str], name: str) -> str | None:
     return args[args.index(name) + 1] if name in args else None
 
 
-def test_gpu_engines_get_64_token_kv_blocks_on_both_roles_p5en_included() -> None:
+def test_gpu_engines_get_128_token_kv_blocks_on_both_roles_p5en_included() -> None:
     for t in (target(), target(ROOT / "examples" / "local-gpu.yaml")):
-        assert [flag(serve_args(t, role), "--block-size") for role in ("prefill", "decode")] == ["64", "64"]
+        assert [flag(serve_args(t, role), "--block-size") for role in ("prefill", "decode")] == ["128", "128"]
 
 
 def test_cpu_engines_keep_the_platforms_own_block_size() -> None:
