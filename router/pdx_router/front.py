@@ -33,7 +33,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from .errors import Refused, WireError
 from .metrics import Metrics
-from .wire import Chunked
+from .wire import Chunked, bare_eol
 
 log: Final = logging.getLogger("pdx_router")
 
@@ -49,6 +49,7 @@ READ_AHEAD: Final = 1 << 16  # bytes buffered past the request being served befo
 
 _TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # controls other than HTAB (obs-text is allowed)
+_TARGET: Final = re.compile(rb"/[\x21-\x7e]*")  # origin form: RFC 3986 has no other bytes (llhttp and h11 agree)
 _FULL: Final = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 _SLOW: Final = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
@@ -367,6 +368,9 @@ class _Conn(asyncio.Protocol):
             self._arm(self.server.header_timeout, self._head_too_slow)  # its first byte
         end = buf.find(b"\r\n\r\n", max(self._scanned - 3, 0), MAX_HEAD + 4)
         if end < 0:
+            if bare_eol(buf, max(self._scanned - 1, 0)):  # (a head that can never be whole)
+                self._refuse(Refused(400, _BARE))
+                return
             self._scanned = len(buf)
             if len(buf) > MAX_HEAD:
                 self._refuse(Refused(431, f"the request's head is above {MAX_HEAD} bytes"))
@@ -398,12 +402,12 @@ class _Conn(asyncio.Protocol):
         lines = head.split(b"\r\n")
         parts = lines[0].split(b" ")
         if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
-            raise Refused(400, "not an HTTP/1.x request line")
+            raise _refused(lines[0], "not an HTTP/1.x request line")
         if len(lines[0]) > MAX_LINE:
             raise Refused(431, f"the request line is above {MAX_LINE} bytes")
         target = parts[1]
-        if not target.startswith(b"/") or _BAD_VALUE.search(target) or b"\t" in target:
-            raise Refused(400, "the request target must be a path (origin form)")
+        if not _TARGET.fullmatch(target):
+            raise _refused(target, _NOT_ORIGIN)
         self.version_11 = parts[2] == b"HTTP/1.1"
         if len(lines) - 1 > MAX_HEADERS:
             raise Refused(431, f"the request has {len(lines) - 1} header lines, above {MAX_HEADERS}; send fewer")
@@ -413,16 +417,17 @@ class _Conn(asyncio.Protocol):
                 raise Refused(431, f"a header line is above {MAX_LINE} bytes; send it shorter")
             name, colon, value = line.partition(b":")
             if not colon or not _TOKEN.fullmatch(name):
-                raise Refused(400, "a header line that is not name: value (folded lines are refused)")
+                raise _refused(line, "a header line that is not name: value (folded lines are refused)")
             value = value.strip(b" \t")
             if _BAD_VALUE.search(value):
-                raise Refused(400, f"the {name.decode()} header holds a control character")
+                raise _refused(value, f"the {name.decode()} header holds a control character")
             # As aiohttp decoded them: a header's non-UTF-8 bytes become lone surrogates (the
             # conversation keys made from them stay the same across the change of server).
             headers.add(name.decode("ascii"), value.decode("utf-8", "surrogateescape"))
         _check_host(headers, self.version_11)
-        conn = headers.get("Connection", "").lower()
-        self.keep_alive = ("close" not in conn) if self.version_11 else ("keep-alive" in conn)
+        # Connection's options are tokens: "closed" is not "close".
+        options = {o.strip() for o in ",".join(headers.getall("Connection", [])).lower().split(",")}
+        self.keep_alive = "close" not in options and (self.version_11 or "keep-alive" in options)
         path, _, query = target.decode("utf-8", "surrogateescape").partition("?")
         req = Request(self, parts[0].decode("ascii"), path, query, CIMultiDictProxy(headers))
         body = _framing(headers, self.version_11)
@@ -453,9 +458,7 @@ class _Conn(asyncio.Protocol):
                 return b""
             req._feed(piece)
             left = 0 if whole else 1
-            rest = b""
-            if whole and body.extra:
-                self.keep_alive = False  # (a pipelined request after a chunked body: not served)
+            rest = body.tail if whole else b""  # a pipelined request's first bytes
         if req.failed is not None:
             self._body = None
             self.keep_alive = False
@@ -574,6 +577,15 @@ class _Conn(asyncio.Protocol):
         self.transport.close()
 
 
+_BARE: Final = "a bare CR or LF in the request's head; end each line with CRLF"
+_NOT_ORIGIN: Final = "the request target must be a path (origin form) in visible ASCII; percent-encode the rest"
+
+
+def _refused(part: bytes, why: str) -> Refused:
+    """A 400 for a part of the head: a bare CR or LF said as such, else `why`."""
+    return Refused(400, _BARE if part.find(b"\r") >= 0 or part.find(b"\n") >= 0 else why)
+
+
 def _check_host(headers: CIMultiDict[str], version_11: bool) -> None:
     """RFC 9112 §3.2: an HTTP/1.1 request carries exactly one Host; two are ambiguous on any
     version (a proxy may route by one and the next hop by the other). HTTP/1.0 may omit it."""
@@ -591,15 +603,21 @@ def _framing(headers: CIMultiDict[str], version_11: bool) -> Chunked | int | Non
     if te and cl:
         raise Refused(400, "Content-Length and Transfer-Encoding together; send one")
     if te:
+        if not version_11:  # RFC 9112 §6.1: faulty framing, whatever the coding
+            raise Refused(400, "Transfer-Encoding in an HTTP/1.0 request; send Content-Length")
+        # Exactly chunked: not even an empty list element (", chunked"), which llhttp and h11
+        # refuse too; a proxy before the router reads the framing as they do.
         codings = [c.strip().lower() for c in ",".join(te).split(",")]
-        if codings != ["chunked"] or not version_11:
-            raise Refused(501, "only Transfer-Encoding: chunked is understood (on HTTP/1.1)")
+        if codings != ["chunked"]:
+            raise Refused(501, "only Transfer-Encoding: chunked is understood")
         return Chunked()
     if not cl:
         return None
     if len(set(cl)) != 1 or not cl[0].isdigit() or not cl[0].isascii():
         raise Refused(400, "Content-Length must be one decimal number")
-    return int(cl[0]) or None
+    digits = cl[0].lstrip("0")
+    # Above 18 digits: above any maxRequestBytes (and past 4,300 int() would raise).
+    return (int(digits) if len(digits) <= 18 else 1 << 62) if digits else None
 
 
 def _chunk(block: bytes) -> bytes:

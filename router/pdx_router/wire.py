@@ -17,6 +17,7 @@ sent once more on a new one, which is what an engine closing an idle connection 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,6 +29,10 @@ from .errors import ConnectTimeout, TooBig, WireError
 MAX_HEAD_BYTES: Final = 64 << 10  # status line and headers: vLLM's are a few hundred bytes
 _HEX: Final = b"0123456789abcdefABCDEF"
 _MAX_CHUNK_LINE: Final = 4096  # a chunk-size line with its extensions
+_MAX_TRAILERS: Final = 64 << 10  # a chunked body's trailer lines, all of them (as a head's bound)
+_CTL: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # controls other than HTAB
+_FIELD: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\x00-\x08\x0a-\x1f\x7f]*")  # name: value
+_STATUS: Final = re.compile(rb"HTTP/1\.[01] [1-9][0-9][0-9](?: [^\x00-\x08\x0a-\x1f\x7f]*)?")  # reason optional
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,14 +107,18 @@ class _UntilClose(Framing):
 
 class Chunked(Framing):
     """Chunked transfer coding, taken off incrementally: sizes in strict hex (extensions
-    ignored), each chunk's CRLF checked, trailers read and dropped."""
+    ignored, but no control bytes in them), each chunk's CRLF checked, trailers checked as
+    field lines and dropped. `tail`: the bytes of the last read after the body's end (a
+    pipelined request's, on the client's side)."""
 
     def __init__(self) -> None:
         super().__init__()
         self._need = 0  # bytes of the current chunk still to come
         self._crlf = False  # the CRLF after a chunk's data is next
         self._trailer = False  # the last chunk has come: trailer lines until an empty one
+        self._trailers = 0  # bytes of trailer lines so far
         self._buf = b""
+        self.tail = b""
 
     def feed(self, data: bytes) -> bytes:
         self.one_chunk = False
@@ -164,14 +173,24 @@ class Chunked(Framing):
                 if self._trailer:
                     if not line:  # the empty line after the trailers: the body is whole
                         self.extra, self.whole = pos < n, True
+                        self.tail = data[pos:]
                         return _joined(out)
+                    self._trailers += len(line) + 2
+                    if self._trailers > _MAX_TRAILERS or not _FIELD.fullmatch(line):
+                        raise WireError(f"chunked body: a trailer that is not a field line {line[:40]!r}")
                     continue
-                size = line.split(b";", 1)[0].strip(b" \t")
-                if not size or len(size) > 15 or size.strip(_HEX):
-                    raise WireError(f"chunked body: bad chunk size {line[:40]!r}")
-                self._need = int(size, 16)
+                self._need = _chunk_size(line)
                 self._trailer = not self._need
         return _joined(out)
+
+
+def _chunk_size(line: bytes) -> int:
+    """A chunk-size line's size: hex digits (no sign, prefix or blank; leading zeros are
+    not digits that count), then extensions without control bytes."""
+    size, semi, ext = line.partition(b";")
+    if not size or size.strip(_HEX) or len(size.lstrip(b"0")) > 15 or (semi and _CTL.search(ext)):
+        raise WireError(f"chunked body: bad chunk size {line[:40]!r}")
+    return int(size, 16)
 
 
 def _joined(pieces: list[bytes]) -> bytes:
@@ -179,33 +198,61 @@ def _joined(pieces: list[bytes]) -> bytes:
 
 
 def parse_head(raw: bytes) -> tuple[Head, bool]:
-    """A status line and headers (without the blank line) -> (head, keep-alive)."""
+    """A status line and headers (without the blank line) -> (head, keep-alive). Read as
+    strictly as front.py reads a request's: field lines of a token, a colon and a value
+    without controls (no bare CR or LF, no obs-fold), and framing headers checked whatever
+    the status: one Transfer-Encoding, chunked, or one decimal Content-Length."""
     lines = raw.split(b"\r\n")
-    parts = lines[0].split(b" ", 2)
-    if len(parts) < 2 or parts[0] not in (b"HTTP/1.1", b"HTTP/1.0") or not parts[1].isdigit() or len(parts[1]) != 3:
+    if not _STATUS.fullmatch(lines[0]):
         raise WireError(f"not an HTTP/1.x status line: {lines[0][:60]!r}")
     headers: dict[str, str] = {}
     for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip():
+        if not _FIELD.fullmatch(line):
             raise WireError(f"unreadable header line {line[:60]!r}")
+        name, _, value = line.partition(b":")
         key, text = name.decode("latin-1").lower(), value.strip(b" \t").decode("latin-1")
         headers[key] = f"{headers[key]}, {text}" if key in headers else text
-    conn = headers.get("connection", "").lower()
-    keep = "close" not in conn if parts[0] == b"HTTP/1.1" else "keep-alive" in conn
-    return Head(int(parts[1]), headers), keep
+    te, length = headers.get("transfer-encoding"), headers.get("content-length")
+    if te is not None and (length is not None or te.lower() != "chunked"):
+        also = " with Content-Length" if length is not None else ""
+        raise WireError(f"Transfer-Encoding {te[:40]!r}{also}: only chunked, alone, is read")
+    if length is not None and not (length.isdigit() and length.isascii()):  # ("²".isdigit() is true)
+        raise WireError(f"bad Content-Length {length[:40]!r}")
+    if length is not None:
+        # Leading zeros off: int() raises past 4,300 digits, zeros included.
+        length = headers["content-length"] = length.lstrip("0") or "0"
+        if len(length) > 18:
+            raise WireError(f"Content-Length of {len(length)} digits: above any answer")
+    options = {o.strip() for o in headers.get("connection", "").lower().split(",")}
+    keep = "close" not in options and (lines[0][5:8] == b"1.1" or "keep-alive" in options)
+    return Head(int(lines[0][9:12]), headers), keep
+
+
+def bare_eol(buf: bytes | bytearray, start: int) -> bool:
+    """Does buf, from start, hold an LF without its CR, or a CR without its LF (a CR that
+    ends buf may yet get its LF)? A head holding one is refused whole (RFC 9112 §2.2 lets a
+    recipient refuse it), so both sides refuse it when seen rather than wait for its end."""
+    i = buf.find(b"\n", start)
+    while i >= 0:
+        if i == 0 or buf[i - 1] != 0x0D:
+            return True
+        i = buf.find(b"\n", i + 1)
+    i = buf.find(b"\r", start)
+    while 0 <= i < len(buf) - 1:
+        if buf[i + 1] != 0x0A:
+            return True
+        i = buf.find(b"\r", i + 1)
+    return False
 
 
 def _body_of(head: Head) -> Framing | None:
-    """How the body is framed; None: there is none."""
+    """How the body is framed (parse_head checked the headers); None: there is none."""
     if head.status in (204, 304) or 100 <= head.status < 200:
         return None
-    if "chunked" in head.headers.get("transfer-encoding", "").lower():
+    if "transfer-encoding" in head.headers:
         return Chunked()
     length = head.headers.get("content-length")
     if length is not None:
-        if not length.isdigit():
-            raise WireError(f"bad Content-Length {length[:40]!r}")
         return _Length(int(length)) if int(length) else None
     return _UntilClose()
 
@@ -358,18 +405,25 @@ class _Conn(asyncio.Protocol):
 
     def _read_head(self, data: bytes, call: Call) -> bytes:
         """Take the head off `data` and tell the sink; what follows it is body."""
+        checked = max(len(self._buf) - 1, 0)  # (what came before was looked at for bare CR and LF)
         buf = self._buf + data if self._buf else data
-        end = buf.find(b"\r\n\r\n")
-        if end < 0:
-            if len(buf) > MAX_HEAD_BYTES:
-                raise WireError(f"answer headers above {MAX_HEAD_BYTES} bytes")
-            self._buf = buf
-            return b""
+        while True:  # (a loop, not a call per interim answer: a read may hold thousands)
+            end = buf.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
+            if end < 0:
+                if bare_eol(buf, checked):
+                    raise WireError("a bare CR or LF in the answer's head")
+                if len(buf) > MAX_HEAD_BYTES:
+                    raise WireError(f"answer headers above {MAX_HEAD_BYTES} bytes")
+                self._buf = buf
+                return b""
+            head, self._keep = parse_head(buf[:end])
+            buf, checked = buf[end + 4 :], 0
+            if head.status == 101:  # (RFC 9110 §15.2.2: no switch was asked for)
+                raise WireError("101 Switching Protocols to a request that asked for no upgrade")
+            if not 100 <= head.status < 200:  # else an interim answer (100 Continue): the real one follows
+                break
         self._buf = b""
-        head, self._keep = parse_head(buf[:end])
-        rest = buf[end + 4 :]
-        if 100 <= head.status < 200:  # an interim answer (100 Continue): the real one follows
-            return self._read_head(rest, call) if rest else b""
+        rest = buf
         body = _body_of(head)
         assert call.sink is not None
         call.sink.head(head)

@@ -135,7 +135,7 @@ _MANY = b"".join(b"X-%d: v\r\n" % i for i in range(100))  # 101 header lines wit
         (_P + b"Content-Length: +3\r\n\r\nabc", 400, "one decimal number"),
         (_P + b"Content-Length: 3\r\nContent-Length: 4\r\n\r\nabc", 400, "one decimal number"),
         (_P + b"Transfer-Encoding: gzip, chunked\r\n\r\n", 501, "only Transfer-Encoding: chunked"),
-        (b"POST /echo HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", 501, "only Transfer-Encoding: chunked"),
+        (b"POST /echo HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", 400, "in an HTTP/1.0 request"),
         (_P + b"X-A: 1\r\n folded\r\nContent-Length: 0\r\n\r\n", 400, "folded lines are refused"),
         (_P + b"Bad Name: 1\r\n\r\n", 400, "not name: value"),
         (_P + b"X-A: a\x00b\r\n\r\n", 400, "control character"),
@@ -149,6 +149,12 @@ _MANY = b"".join(b"X-%d: v\r\n" % i for i in range(100))  # 101 header lines wit
         (_P + b"Host: elsewhere\r\n\r\n", 400, "Host header is sent 2 times; send it once"),
         (b"GET /events HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n", 400, "Host header is sent 2 times"),
         (_P + _MANY + b"\r\n", 431, "101 header lines, above 100; send fewer"),
+        (b"GET /events HTTP/1.1\nHost: t\n\n", 400, "a bare CR or LF"),  # refused at once, not at 408
+        (b"GET /events HTTP/1.1\r\nHost: t\rX: y\r\n\r\n", 400, "a bare CR or LF"),
+        (b"GET /\xc3\xa9 HTTP/1.1\r\nHost: t\r\n\r\n", 400, "visible ASCII"),
+        (_P + b"Content-Length: " + b"9" * 4400 + b"\r\n\r\n", 413, "maxRequestBytes"),  # int() would raise
+        (_P + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\ngarbage\r\n\r\n", 400, "trailer"),
+        (_P + b"Transfer-Encoding: chunked\r\n\r\n 5\r\nhello\r\n0\r\n\r\n", 400, "bad chunk size"),
     ],
 )
 async def test_a_request_framed_wrongly_is_refused_and_the_connection_closed(
@@ -193,6 +199,24 @@ async def test_the_count_line_and_head_bounds_each_refuse_what_only_they_catch(
     assert got == status, body
     if why:
         assert why in orjson.loads(body)["error"]["message"]
+
+
+async def test_a_request_pipelined_after_a_chunked_body_in_the_same_read_is_served(
+    server: tuple[Server, Open],
+) -> None:
+    _, open_ = server
+    chunked = _P + b"Transfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"
+    r, _ = await open_(chunked + _post(b"abc"))
+    assert (await _answer(r))[2].startswith(b'{"n":2,"head":"hi"')
+    assert (await _answer(r))[2].startswith(b'{"n":3,"head":"abc"')
+
+
+async def test_connection_options_are_tokens_so_closed_is_not_close(server: tuple[Server, Open]) -> None:
+    _, open_ = server
+    r, _ = await open_(_post(b"a", b"Connection: closed\r\n") + _post(b"b", b"Connection: keep-alive, close\r\n"))
+    first, second = await _answer(r), await _answer(r)
+    assert "connection" not in first[1] and second[1]["connection"] == "close"
+    assert await asyncio.wait_for(r.read(), 2.0) == b""
 
 
 async def test_expect_100_continue_gets_its_interim_answer(server: tuple[Server, Open]) -> None:

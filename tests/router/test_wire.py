@@ -141,6 +141,71 @@ def test_an_unreadable_status_line_or_header_is_refused() -> None:
     assert parse_head(b"HTTP/1.0 200 OK")[1] is False
 
 
+@pytest.mark.parametrize(
+    ("head", "why"),
+    [
+        (b"HTTP/1.2 200 OK", "status line"),
+        (b"HTTP/1.1 099 x", "status line"),
+        (b"HTTP/1.1 200 a\x01b", "status line"),
+        (b"HTTP/1.1 200 OK\r\n folded: 1", "header line"),
+        (b"HTTP/1.1 200 OK\r\nX-A: a\x00b", "header line"),
+        (b"HTTP/1.1 200 OK\r\nX-A: a\nb", "header line"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked", "only chunked"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5", "only chunked"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: \xb2", "bad Content-Length"),  # "²".isdigit() is true
+        (b"HTTP/1.1 204 No Content\r\nContent-Length: 5, 5", "bad Content-Length"),  # on any status
+        (b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 4400, "digits: above any answer"),  # int() would raise
+    ],
+)
+def test_a_head_read_more_loosely_by_others_is_refused_naming_what(head: bytes, why: str) -> None:
+    with pytest.raises(WireError, match=why):
+        parse_head(head)
+
+
+def test_leading_zeros_of_a_content_length_are_no_digits_that_count() -> None:
+    head, _ = parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: " + b"0" * 4400 + b"7")
+    assert head.headers["content-length"] == "7"
+
+
+def test_a_trailer_that_is_not_a_field_line_or_a_chunk_extension_with_a_control_is_refused() -> None:
+    with pytest.raises(WireError, match="trailer"):
+        Chunked().feed(b"0\r\ngarbage\r\n\r\n")
+    with pytest.raises(WireError, match="chunk size"):
+        Chunked().feed(b"5;a\nb\r\nhello\r\n0\r\n\r\n")
+    c = Chunked()  # leading zeros do not count towards the 15 digits; the bytes after the end are kept
+    assert (c.feed(b"0000000000000000005\r\nhello\r\n0\r\nX: y\r\n\r\nNEXT"), c.whole, c.tail) == (
+        b"hello", True, b"NEXT"
+    )
+
+
+async def test_thousands_of_interim_answers_in_one_read_then_the_answer_are_read(raw: Start) -> None:
+    """1xx answers are skipped in a loop: one call each blew Python's recursion limit."""
+    s = await raw(lambda _n, _req: b"HTTP/1.1 100 Continue\r\n\r\n" * 3000 + ok(b"{}"))
+    wire = Wire()
+    try:
+        assert (await fetch(wire, s.url))[1] == b"{}"
+    finally:
+        await wire.close()
+
+
+def _always(answer: bytes) -> Reply:
+    return lambda _n, _req: answer
+
+
+async def test_a_101_or_a_bare_lf_head_fails_the_call(raw: Start) -> None:
+    for answer, why in [
+        (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n", "asked for no upgrade"),
+        (b"HTTP/1.1 200 OK\nContent-Length: 2\n\n{}", "bare CR or LF"),
+    ]:
+        s = await raw(_always(answer))
+        wire = Wire()
+        try:
+            with pytest.raises(WireError, match=why):
+                await fetch(wire, s.url)
+        finally:
+            await wire.close()
+
+
 async def test_requests_one_after_another_share_one_kept_alive_connection(raw: Start) -> None:
     s = await raw(lambda n, _req: ok(b'{"n": %d}' % n))
     wire = Wire()
