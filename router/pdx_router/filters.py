@@ -268,7 +268,10 @@ class StreamFilter:
         out, event, size = [], [], 0
         for x in data.splitlines(keepends=True):
             event.append(x)
-            size += len(x)
+            # Counted from the event's first data line, as a held event is (the fields before
+            # it have gone): the bound then falls alike however the stream was split.
+            if size or x.startswith(b"data:"):
+                size += len(x)
             if x in _EOLS:
                 out.append(self._event_out(event, size, slow))
                 event, size = [], 0

@@ -101,3 +101,15 @@ def test_a_token_count_written_as_a_float_is_refused_like_any_wrong_shape() -> N
     stream = b'data: {"choices":[],"kv_transfer_params":' + orjson.dumps(kv) + b"}\n\ndata: [DONE]\n\n"
     out, f = _run([stream])
     assert f.captured.kv is None and f.broken and b"kv_transfer_params" not in out
+
+
+def test_the_size_bound_counts_an_event_from_its_first_data_line_however_it_is_split() -> None:
+    """A comment before the data line is not counted: it has gone when an event is held across
+    reads, so counting it in one read made the same stream cut or not by where it was split."""
+    line = b'data: {"choices":[{"delta":{"content":"' + b"x" * 300 + b'"}}]}\n'
+    stream = b": keep-alive\n" + line + b"\n" + b"data: [DONE]\n\n"
+    limit = len(line) + 5  # the event fits; with its comment line it would not
+    whole, f = _run([stream], limit)
+    split, g = _run([stream[:20], stream[20:200], stream[200:]], limit)
+    assert not f.oversized and not g.oversized
+    assert _client_view(whole) == _client_view(split) and whole.endswith(b"data: [DONE]\n\n")
