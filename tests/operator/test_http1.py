@@ -126,3 +126,36 @@ def test_a_cut_body_is_a_transport_error_naming_the_request(serve: Callable[...,
     with pytest.raises(ApiError) as err:
         kube.call("GET", "/cut")
     assert err.value.status == 0 and "GET /cut" in str(err.value) and "cut short" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n", "bad Content-Length"),  # was a ValueError
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n{}", "bad Content-Length"),  # was: read to the close
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 1_0\r\n\r\n{}", "bad Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}", "bad Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n", "an answer above"),  # was MemoryError
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 1099511627776\r\n\r\n{}", "an answer above"),  # 1 TiB: nothing allocated
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\n{}\r\n0\r\n\r\n", "chunk size"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-2\r\n{}\r\n0\r\n\r\n", "chunk size"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n", "no CRLF after"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: notchunked\r\n\r\n{}", "only chunked"),
+        (b"HTTP/1.1 200 OK\r\n Content-Length: 2\r\n\r\n{}", "bad header line"),  # obs-fold
+        (b"HTTP/1.1 200 OK\nContent-Length: 2\n\n{}", "bad status line"),  # bare LF
+        (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n", "no upgrade"),
+    ],
+)
+def test_an_answer_read_more_loosely_by_others_is_a_protocol_error(
+    serve: Callable[..., Any], answer: bytes, why: str
+) -> None:
+    port, _ = serve([_raw(answer, close=True)])
+    with pytest.raises(ProtocolError, match=why):
+        Connection("127.0.0.1", port, 5.0).request("GET", "/", None, {})
+
+
+def test_a_close_among_connection_options_closes_the_connection(serve: Callable[..., Any]) -> None:
+    port, _ = serve([_ok(b"1", b"Connection: keep-alive, close\r\n"), _ok(b"2")])
+    conn = Connection("127.0.0.1", port, 5.0)
+    assert conn.request("GET", "/", None, {}) == (200, b"1")
+    assert conn._sock is None  # closed after it: the next request opens a new connection

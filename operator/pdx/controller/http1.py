@@ -10,12 +10,21 @@ chunked transfer coding, or the end of the connection; 1xx interim answers are s
 from __future__ import annotations
 
 import io
+import re
 import socket
 import ssl
 from dataclasses import dataclass, field
 
 MAX_LINE = 65536  # a status or header line longer than this is not an API server's
 MAX_HEADERS = 200
+# An answer's body, read in pieces up to this: a quarter of the operator's memory limit (512 MiB
+# in the chart), far above any list it reads. A Content-Length is a claim, not an allocation.
+MAX_BODY = 128 << 20
+_PIECE = 1 << 20
+_STATUS = re.compile(rb"HTTP/1\.([01]) ([1-9][0-9][0-9])(?: [^\x00-\x08\x0a-\x1f\x7f]*)?\r\n")
+# name: value, the value without controls but HTAB (no bare CR or LF, no obs-fold)
+_FIELD = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*\r\n")
+_HEX = re.compile(rb"([0-9A-Fa-f]+)(?:;[^\x00-\x08\x0a-\x1f\x7f]*)?\r\n")  # a chunk size, extensions ignored
 
 
 class ProtocolError(ConnectionError):
@@ -96,68 +105,100 @@ class Connection:
         return line
 
     def _head(self, reused: bool) -> tuple[int, int | None, bool, bool]:
-        """(status, Content-Length, chunked, close after) of the final answer."""
+        """(status, Content-Length, chunked, close after) of the final answer: read as strictly
+        as the router reads an engine's (lines end in CRLF; one framing, plainly written)."""
         while True:
             line = self._line()
             if not line:
                 if reused:
                     raise Stale("closed before answering")
                 raise ProtocolError("closed before answering")
-            parts = line.split(None, 2)
-            if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            status_line = _STATUS.fullmatch(line)
+            if status_line is None:
                 raise ProtocolError(f"bad status line {line[:100]!r}")
-            status = int(parts[1])
+            status = int(status_line.group(2))
             length: int | None = None
             chunked = False
-            close = parts[0] == b"HTTP/1.0"
+            options: set[bytes] = set()
             for _ in range(MAX_HEADERS + 1):
                 line = self._line()
-                if line in (b"\r\n", b"\n"):
+                if line == b"\r\n":
                     break
                 if not line:
                     raise ProtocolError("closed in the headers")
-                name, sep, value = line.partition(b":")
-                if not sep:
+                field_line = _FIELD.fullmatch(line)
+                if field_line is None:
                     raise ProtocolError(f"bad header line {line[:100]!r}")
-                key = name.strip().lower()
+                key, value = field_line.group(1).lower(), field_line.group(2)
                 if key == b"content-length":
-                    length = int(value.strip())
+                    if length is not None or not value.isdigit():
+                        raise ProtocolError(f"bad Content-Length {value[:40]!r} (one decimal number)")
+                    digits = value.lstrip(b"0") or b"0"  # (int() raises past 4,300 digits, zeros included)
+                    if len(digits) > 18:
+                        raise ProtocolError(f"an answer above {MAX_BODY} bytes")
+                    length = int(digits)
                 elif key == b"transfer-encoding":
-                    chunked = value.strip().lower().endswith(b"chunked")
+                    if chunked or value.lower() != b"chunked":
+                        raise ProtocolError(f"Transfer-Encoding {value[:40]!r}: only chunked, once, is read")
+                    chunked = True
                 elif key == b"connection":
-                    token = value.strip().lower()
-                    close = token == b"close" or (close and token != b"keep-alive")
+                    options |= {o.strip() for o in value.lower().split(b",")}
             else:
                 raise ProtocolError("too many headers")
+            if chunked and length is not None:
+                raise ProtocolError("Content-Length and Transfer-Encoding together")
+            if status == 101:  # (RFC 9110 §15.2.2: no switch was asked for)
+                raise ProtocolError("101 Switching Protocols to a request that asked for no upgrade")
             if 100 <= status < 200:
                 continue  # an interim answer (100 Continue): the real one follows
+            close = b"close" in options or (status_line.group(1) == b"0" and b"keep-alive" not in options)
             return status, length, chunked, close
 
-    def _exactly(self, n: int) -> bytes:
+    def _exactly(self, n: int, out: list[bytes] | None = None) -> bytes:
+        """n bytes, read a piece at a time (a lying Content-Length allocates nothing)."""
         assert self._file is not None
-        data = self._file.read(n)
-        if len(data) != n:
-            raise ProtocolError(f"body cut short at {len(data)} of {n} bytes")
-        return data
+        got = 0 if out is None else sum(len(p) for p in out)
+        if got + n > MAX_BODY:
+            raise ProtocolError(f"an answer above {MAX_BODY} bytes")
+        pieces: list[bytes] = []
+        left = n
+        while left:
+            data = self._file.read(min(left, _PIECE))
+            if not data:
+                raise ProtocolError(f"body cut short at {n - left} of {n} bytes")
+            pieces.append(data)
+            left -= len(data)
+        return b"".join(pieces)
 
     def _chunks(self) -> bytes:
         out: list[bytes] = []
         while True:
-            size_line = self._line().split(b";", 1)[0].strip()
-            try:
-                size = int(size_line, 16)
-            except ValueError:
-                raise ProtocolError(f"bad chunk size {size_line[:20]!r}") from None
+            line = self._line()
+            size_line = _HEX.fullmatch(line)
+            digits = size_line.group(1).lstrip(b"0") or b"0" if size_line is not None else b""
+            if size_line is None or len(digits) > 15:
+                raise ProtocolError(f"bad chunk size line {line[:40]!r}")
+            size = int(digits, 16)
             if size == 0:
-                while self._line() not in (b"\r\n", b"\n", b""):
-                    pass  # trailers
+                while (line := self._line()) != b"\r\n":
+                    if _FIELD.fullmatch(line) is None:  # (an empty read: cut short)
+                        raise ProtocolError(f"bad trailer line {line[:40]!r}")
                 return b"".join(out)
-            out.append(self._exactly(size))
-            self._line()  # the CRLF after the chunk
+            out.append(self._exactly(size, out))
+            if self._line() != b"\r\n":
+                raise ProtocolError("no CRLF after a chunk's data")
 
     def _read_all(self) -> bytes:
+        """Until the connection's end (an answer framed by nothing else), up to MAX_BODY."""
         assert self._file is not None
-        return self._file.read()
+        out: list[bytes] = []
+        size = 0
+        while data := self._file.read(_PIECE):
+            size += len(data)
+            if size > MAX_BODY:
+                raise ProtocolError(f"an answer above {MAX_BODY} bytes")
+            out.append(data)
+        return b"".join(out)
 
 
 __all__ = ["Connection", "ProtocolError", "Stale"]
