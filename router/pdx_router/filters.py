@@ -32,6 +32,7 @@ _MISSING: Any = object()
 _DIGITS_COMMAS: Final = b"0123456789,"  # a JSON list of non-negative ints, its brackets taken off
 _BLANK: Final = (b"\n\n", b"\n\r", b"\r\r")  # a line end, then an empty line: an SSE event ends
 _EOLS: Final = (b"\n", b"\r\n", b"\r")  # an empty line, as splitlines() gives it
+_DATA_LINE: Final = re.compile(rb"(?:(?<=[\r\n])|^)data(?=[:\r\n])")  # a line whose field is data
 # The fast path's one search per block (scan.c when built); held in statics, not looked up.
 _marks: Final = scan.marks
 _NAMED: Final = scan.KV | scan.BACKSLASH
@@ -129,17 +130,11 @@ def _events_end(buf: bytes) -> int:
 
 
 def _first_data_line(buf: bytes) -> int:
-    """Where the first line of buf that is a data line starts, or -1 (buf holds no empty
-    line, so its lines are few or long: the search goes from line end to line end)."""
-    if buf.find(b"\r") >= 0:
-        found = [i + 1 for i in (buf.find(b"\ndata:"), buf.find(b"\rdata:")) if i >= 0]
-        return 0 if buf.startswith(b"data:") else min(found) if found else -1
-    i = 0
-    while i >= 0:
-        if buf.startswith(b"data:", i):
-            return i
-        i = buf.find(b"\n", i) + 1 or -1
-    return -1
+    """Where the first line of buf that is a data line starts, or -1. A line that is the
+    field name alone ("data" and its line end) is one too: SSE reads it as an empty data
+    value, and held like the others, an event reads alike however the stream was split."""
+    found = _DATA_LINE.search(buf)
+    return -1 if found is None else found.start()
 
 
 def _multi_data(block: bytes) -> bool:

@@ -63,3 +63,18 @@ def test_a_stream_cut_inside_the_last_event_is_not_stored() -> None:
     out, f = _run([STREAM[:cut]])
     assert b"kv_transfer_params" not in out
     assert f.captured.kv is None
+
+
+def test_a_data_field_without_its_colon_is_held_with_its_event_however_the_stream_is_split() -> None:
+    """SSE reads a bare "data" line as an empty data value: held from it, like the other data
+    lines, an event dropped whole by the filter is dropped alike in any split."""
+    event = b'retry: 1\ndata\rdata: {"kv_transfer_params":\ndata: oops}\n\ndata: [DONE]\n\n'
+    for cut in range(1, len(event)):
+        f = StreamFilter(capture=True, strip_ids=True)
+        f.stop_at_drop = True
+        out = b""
+        for block in (event[:cut], event[cut:]):
+            out += f.feed(block)
+            if f.dropped:
+                break
+        assert b"data\r" not in out and b"kv_transfer_params" not in out, cut
