@@ -245,6 +245,11 @@ def bare_eol(buf: bytes | bytearray, start: int) -> bool:
     return False
 
 
+def _sink_of(call: Call) -> Sink | None:
+    """A call's sink, read as it is now (see _Conn.data_received)."""
+    return call.sink
+
+
 def _body_of(head: Head) -> Framing | None:
     """How the body is framed (parse_head checked the headers); None: there is none."""
     if head.status in (204, 304) or 100 <= head.status < 200:
@@ -378,7 +383,10 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         call = self.call
-        if call is None or call.sink is None:
+        # Not `call.sink is None`: that narrows the attribute for the rest of this method, and
+        # compiled, the later reads then fail with a TypeError once the sink has let go (an
+        # answer too long by its Content-Length aborts the call inside sink.head()).
+        if call is None or _sink_of(call) is None:
             self.drop()  # bytes nobody asked for: the connection cannot be trusted with another request
             return
         self._got = True

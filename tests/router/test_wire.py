@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pytest
 
-from pdx_router.errors import WireError
+from pdx_router.errors import TooBig, WireError
 from pdx_router.wire import Chunked, Collect, Head, Wire, parse_head
 
 Reply = Callable[[int, bytes], bytes | None]  # (request number on this connection, request) -> answer
@@ -204,6 +205,24 @@ async def test_a_101_or_a_bare_lf_head_fails_the_call(raw: Start) -> None:
                 await fetch(wire, s.url)
         finally:
             await wire.close()
+
+
+async def test_an_answer_longer_than_the_sink_holds_by_its_length_fails_cleanly(
+    raw: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sink lets go inside head(); compiled, a read of the narrowed `call.sink` after it
+    raised TypeError in data_received (the loop logged a traceback)."""
+    s = await raw(_always(b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n{}"))
+    wire = Wire()
+    try:
+        sink = Collect(1000)
+        sink.call = await wire.send(s.url, "/v1/x", b"{}", {}, sink)
+        with pytest.raises(TooBig):
+            await asyncio.wait_for(sink.done, 5)
+        await asyncio.sleep(0.05)
+    finally:
+        await wire.close()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
 
 
 async def test_requests_one_after_another_share_one_kept_alive_connection(raw: Start) -> None:
