@@ -297,6 +297,12 @@ class StreamFilter:
         names = raw.find(_KV_NAME) >= 0 or raw.find(_ESCAPE) >= 0 or (self._ids and raw.find(_ID_NAME) >= 0)
         if not names and not check:
             return raw
+        if names and any(not x.startswith(b"data:") and self._names(x) for x in lines):
+            # A field line naming one (as _line drops it when the event is read line by line,
+            # which a stream split before its data lines is): the event is dropped alike.
+            self._break()
+            self.dropped += 1
+            return b""
         value = b"\n".join(_data_value(x) for x in lines if x.startswith(b"data:"))
         try:
             chunk = orjson.loads(value)
@@ -313,6 +319,10 @@ class StreamFilter:
         first = next(i for i, x in enumerate(lines) if x.startswith(b"data:"))
         one = b"data: " + orjson.dumps(chunk) + (_eol(lines[first]) or b"\n")
         return b"".join([*lines[:first], one, *(x for x in lines[first:] if not x.startswith(b"data:"))])
+
+    def _names(self, line: bytes) -> bool:
+        """Does a line name a field the router cuts, or hold an escape that may spell one?"""
+        return line.find(_KV_NAME) >= 0 or (self._ids and line.find(_ID_NAME) >= 0) or line.find(_ESCAPE) >= 0
 
     def _oversize(self) -> None:
         self.oversized = True

@@ -78,3 +78,19 @@ def test_a_data_field_without_its_colon_is_held_with_its_event_however_the_strea
             if f.dropped:
                 break
         assert b"data\r" not in out and b"kv_transfer_params" not in out, cut
+
+
+def test_a_field_line_naming_a_field_drops_its_event_however_the_stream_is_split() -> None:
+    """Read line by line (a split before the data lines) the field line is dropped as one that
+    may carry what the client must not see; read whole, the event was passed (its data parsed
+    and cut, the field line as it came): now it is dropped alike."""
+    event = b'retry: 1\\u0069\ndata: {"kv_transfer_params":\ndata: {"remote_block_ids":[[1]]}}\n\ndata: [DONE]\n\n'
+    for cut in range(0, len(event)):
+        f = StreamFilter(capture=True, strip_ids=True)
+        f.stop_at_drop = True
+        out = b""
+        for block in (event[:cut], event[cut:]) if cut else (event,):
+            out += f.feed(block)
+            if f.dropped:
+                break
+        assert f.dropped == 1 and b"remote_block_ids" not in out, cut
