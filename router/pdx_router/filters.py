@@ -409,7 +409,7 @@ class StreamFilter:
         while i >= 0:
             if line[i - 1] == 0x22:  # "
                 k, is_prompt = i - 1, False
-            elif line[i - 8 : i] == _PROMPT:
+            elif i >= 8 and line[i - 8 : i] == _PROMPT:  # (compiled, a slice from -1 raised SystemError)
                 k, is_prompt = i - 8, True
             else:
                 raise NotCompact

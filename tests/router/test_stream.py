@@ -94,3 +94,11 @@ def test_a_field_line_naming_a_field_drops_its_event_however_the_stream_is_split
             if f.dropped:
                 break
         assert f.dropped == 1 and b"remote_block_ids" not in out, cut
+
+
+def test_token_ids_right_after_the_opening_brace_is_parsed_not_cut_as_bytes() -> None:
+    """The byte path looked 8 bytes back for `"prompt_`: at `data: {token_ids` that slice
+    starts at -1, which compiled raised SystemError (pure Python read it as empty)."""
+    f = StreamFilter(capture=True, strip_ids=True)
+    out = f.line(b'data: {token_ids\\":[1"id":1}\n')
+    assert out == b"" and f.dropped == 1  # not JSON: dropped as unreadable, as any such line
