@@ -317,7 +317,10 @@ class StreamFilter:
         if not self._strip(chunk):
             return raw
         first = next(i for i, x in enumerate(lines) if x.startswith(b"data:"))
-        one = b"data: " + orjson.dumps(chunk) + (_eol(lines[first]) or b"\n")
+        # Ended as the last data line was: with a CR after a line that ended in CR, the LF of
+        # the empty line after the last would make a CRLF, and the event would run on.
+        last = next(x for x in reversed(lines) if x.startswith(b"data:"))
+        one = b"data: " + orjson.dumps(chunk) + (_eol(last) or b"\n")
         return b"".join([*lines[:first], one, *(x for x in lines[first:] if not x.startswith(b"data:"))])
 
     def _names(self, line: bytes) -> bool:

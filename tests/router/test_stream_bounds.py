@@ -113,3 +113,11 @@ def test_the_size_bound_counts_an_event_from_its_first_data_line_however_it_is_s
     split, g = _run([stream[:20], stream[20:200], stream[200:]], limit)
     assert not f.oversized and not g.oversized
     assert _client_view(whole) == _client_view(split) and whole.endswith(b"data: [DONE]\n\n")
+
+
+def test_an_event_rewritten_in_one_line_keeps_the_empty_line_that_ends_it() -> None:
+    """Data lines ended by a CR, then an LF: the rewritten line took the first one's CR,
+    which with the empty line's LF made a CRLF, so the event ran on into [DONE]."""
+    stream = b'data: {"id":"x",\rdata: "kv_transfer_params":{"remote_block_ids":[[1]]}}\n\ndata: [DONE]\n\n'
+    out, _ = _run([stream])
+    assert _client_view(out) == [{"id": "x"}, "[DONE]"]
