@@ -1,5 +1,5 @@
 # pdx tasks. A fresh machine needs only the first two.
-.PHONY: demo test e2e setup native lint crd golden chart bench-router bench-operator local images
+.PHONY: demo test e2e setup native lint crd golden chart bench-router bench-operator local images fuzz
 
 demo: setup            ## local topology (vLLM CPU + NIXL + router), TTFT off vs on, plots in out/
 	.venv/bin/pdx bench --local --out out/demo
@@ -12,6 +12,9 @@ setup:                 ## .venv with pdx, vLLM CPU, NIXL and the test tools
 
 native:                ## compile the router's data path (mypyc) after an edit; setup and test do it too
 	.venv/bin/python scripts/build_router_native.py
+
+fuzz:                  ## the long fuzz run, outside CI: a million inputs a target (docs/fuzzing.md)
+	.venv/bin/python scripts/fuzz.py --coverage
 
 e2e:                   ## only the end-to-end tests with real vLLM CPU engines (make test runs them too)
 	.venv/bin/pytest -q -p no:cacheprovider -m engines tests/e2e
