@@ -199,6 +199,10 @@ class RoleSpec(_Spec):
     """vLLM automatic prefix caching; unset: on, except on prefill under profile `benchmark`."""
     extra_args: list[str] = Field(default_factory=list)
     """Extra `vllm serve` arguments for this role only."""
+    tokenize_cache: Quantity = "64Mi"
+    """Token ids of prompts' leading parts kept by each engine's API server, so a conversation's
+    next turn tokenizes only what it added (pdx_engine.tokenize_cache; the ids are exactly a whole
+    tokenization's). 64Mi holds ~16M tokens: ~700 conversations at 24k; `0` turns it off."""
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for this role's engines."""
     shm_size: Quantity | None = None

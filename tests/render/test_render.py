@@ -190,3 +190,13 @@ def test_by_default_the_engine_tokenizes_and_the_router_mounts_no_cache() -> Non
     assert cfg["tokenizer"] is None
     pod = by_kind(objects, "Deployment")["qwen3-32b-router"]["spec"]["template"]["spec"]
     assert all(v["name"] != "model-cache" for v in pod["volumes"])
+
+
+def test_engines_keep_prompt_ids_for_the_next_turn_unless_a_role_turns_it_off() -> None:
+    sets = by_kind(render(target(spec__decode={"tokenizeCache": "0"})), "StatefulSet")
+
+    def env(name: str) -> dict[str, Any]:
+        return {e["name"]: e.get("value") for e in sets[name]["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    assert env("qwen3-32b-prefill")["PDX_TOKENIZE_CACHE_BYTES"] == str(64 << 20)
+    assert "PDX_TOKENIZE_CACHE_BYTES" not in env("qwen3-32b-decode")

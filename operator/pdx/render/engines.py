@@ -14,6 +14,7 @@ from pdx import labels
 from pdx.render import meta
 from pdx.render.meta import HTTP_PORT, Role
 from pdx.resource import Target
+from pdx.rules import quantity_value
 
 # The serving image's entrypoint: optional EFA check, then exec its arguments.
 ENGINE_ENTRYPOINT = "/usr/local/bin/pdx-engine-entrypoint"
@@ -116,6 +117,9 @@ def engine_env(target: Target, role: Role) -> list[dict[str, Any]]:
             extra["PDX_REQUIRE_EFA"] = "1"
     if role == "decode" and spec.kv_transfer.bidirectional:  # read by the preStop (see `drain`)
         extra.update(PDX_DRAIN_ROUTER=meta.router_url(target), PDX_DRAIN_SECONDS=str(spec.router_ttl))
+    cache_bytes = int(quantity_value(spec.role(role).tokenize_cache))
+    if cache_bytes > 0:  # read by pdx_engine.tokenize_cache
+        extra["PDX_TOKENIZE_CACHE_BYTES"] = str(cache_bytes)
     extra.update(spec.role(role).env)
     env += [{"name": k, "value": v} for k, v in sorted(extra.items())]
     return env
