@@ -37,7 +37,7 @@ logger = logging.getLogger("vllm.pdx_plugin")
 
 ENV = "PDX_TOKENIZE_CACHE_BYTES"
 MODULE = "vllm.renderers.base"
-MIN_CHARS = 4096  # below this a prompt is tokenized whole: the lookup would cost what it saves
+MIN_CHARS = 1024  # below this a prompt is tokenized whole: the lookup would cost what it saves
 _MARK = "_pdx_tokenize_cache"
 
 Encode = Callable[[str], Sequence[int]]
@@ -77,6 +77,7 @@ class PrefixTokens:
         self.hits = 0
         self.misses = 0
         self.tokens_skipped = 0
+        self.said = False  # whether the engine's log has the first hit
 
     def encode(self, text: str, encode: Encode) -> list[int]:
         """``encode(text)``'s ids, tokenizing only what follows the longest known leading part."""
@@ -182,7 +183,12 @@ def wrap_tokenize(original: Callable[..., Any], max_bytes: int) -> Callable[...,
         kwargs = params.get_encode_kwargs()
         if found is None or (kwargs.get("add_special_tokens", True) and not found[1]):
             return original(self, prompt, params)
-        ids = found[0].encode(text, lambda part: tokenizer(part, add_special_tokens=False)["input_ids"])
+        cache = found[0]
+        ids = cache.encode(text, lambda part: tokenizer(part, add_special_tokens=False)["input_ids"])
+        if cache.hits and not cache.said:
+            cache.said = True
+            logger.info("pdx plugin: a prompt's first %d of %d ids came from the tokenize cache",
+                        cache.tokens_skipped, len(ids))
         limit = kwargs.get("max_length")
         if kwargs.get("truncation") and limit is not None and len(ids) > limit:
             return original(self, prompt, params)  # too long: vLLM cuts or refuses it as it would
