@@ -3,8 +3,10 @@
 # GPU machine after scripts/gpu-install.sh (docs/gpu.md). Everything lands in OUT_DIR, packed as
 # OUT_DIR.tgz at the end (records, reports, plots, the engines' and router's logs).
 #
-#   gpu-bench.sh OUT_DIR [sweep] [load] [extra CR files...]
+#   gpu-bench.sh OUT_DIR [sweep] [load] [tokenize] [FIELD=VALUE...]
 #     sweep  one client, OFF then ON (and the lower bound), 3 conversations x 4 turns at $LENGTHS
+#     tokenize  ON with the engines' tokenize cache (64Mi, the default) and without it, side by side
+#            at $VARIANT_LENGTHS (8000,24000 here)
 #     load   8 clients, 16 conversations x 4 turns at 16k tokens, the legs in $LOAD_LEGS
 #     FIELD=VALUE  the ON leg at $VARIANT_LENGTHS on the resource with one spec field changed
 #            (a dotted camelCase path under spec, e.g. kvTransfer.blockSize=128), without the bound;
@@ -66,12 +68,15 @@ for what in "${@:-sweep}"; do
     sweep) bench sweep -f "$CR" --lengths "$LENGTHS" --turns 4 --conversations 3 ;;
     load) bench load -f "$CR" --legs "${LOAD_LEGS:-off,on}" --no-bound --lengths 16000 --turns 4 --conversations 16 \
       --concurrency 8 ;;
+    tokenize) bench tokenize -f "$CR" --leg "tokcache:prefill.tokenizeCache=64Mi,decode.tokenizeCache=64Mi" \
+      --leg "no-tokcache:prefill.tokenizeCache=0Mi,decode.tokenizeCache=0Mi" --no-bound \
+      --lengths "${VARIANT_LENGTHS:-8000,24000}" --turns 4 --conversations 3 ;;
     *=*)
       cr=$(variant "$what") || exit 1
       bench "on-$(basename "$cr" .yaml)" -f "$cr" --legs on --no-bound --lengths "${VARIANT_LENGTHS:-16000,24000}" \
         --turns 4 --conversations 3
       ;;
-    *) echo "gpu-bench.sh: unknown run $what (sweep, load, FIELD=VALUE)" >&2 ;;
+    *) echo "gpu-bench.sh: unknown run $what (sweep, load, tokenize, FIELD=VALUE)" >&2 ;;
   esac
 done
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -5,12 +5,13 @@
 #
 #   gpu-session.sh OUT_DIR
 #
-# RUNS (sweep correct decode-local variants load):
-#   sweep         gpu-bench.sh sweep: OFF, ON and the bound at $LENGTHS (2000,8000,16000,24000)
+# RUNS (sweep tokenize load; also correct decode-local variants):
+#   sweep         gpu-bench.sh sweep: OFF, ON and the bound at $LENGTHS (2000,8000,16000,24000,32000)
+#   tokenize      gpu-bench.sh tokenize: ON with and without the engines' tokenize cache
 #   correct       gpu-correct.sh: greedy ON == OFF on the seeded model, edited histories, plugins
 #   decode-local  gpu-decode-local.sh: D->P against decode-local per suffix and history length
 #   variants      gpu-bench.sh: ON through prefill (decodeLocalMaxTokens 0) at 64- and 128-token blocks
-#   load          gpu-bench.sh load: ON under 8 clients, 16 conversations at 16k
+#   load          gpu-bench.sh load: OFF and ON ($LOAD_LEGS) under 8 clients, 16 conversations at 16k
 set -uo pipefail
 out=${1:?usage: gpu-session.sh OUT_DIR}
 mkdir -p "$out"
@@ -24,16 +25,17 @@ step() {
   echo "== $(date +%T) $name: exit $?" >>"$out/session.log"
 }
 
-for run in ${RUNS:-sweep correct decode-local variants load}; do
+for run in ${RUNS:-sweep tokenize load}; do
   case $run in
-    sweep) LENGTHS=${LENGTHS:-2000,8000,16000,24000} step sweep bash scripts/gpu-bench.sh "$out/bench" sweep ;;
+    sweep) LENGTHS=${LENGTHS:-2000,8000,16000,24000,32000} step sweep bash scripts/gpu-bench.sh "$out/bench" sweep ;;
+    tokenize) step tokenize bash scripts/gpu-bench.sh "$out/tokenize" tokenize ;;
     correct) step correct bash scripts/gpu-correct.sh "$out/correct" ;;
     decode-local) step decode-local bash scripts/gpu-decode-local.sh "$out/decode-local" ;;
     variants)
       step variants bash scripts/gpu-bench.sh "$out/variants" router.decodeLocalMaxTokens=0 \
         router.decodeLocalMaxTokens=0+kvTransfer.blockSize=128
       ;;
-    load) LOAD_LEGS=${LOAD_LEGS:-on} step load bash scripts/gpu-bench.sh "$out/load" load ;;
+    load) LOAD_LEGS=${LOAD_LEGS:-off,on} step load bash scripts/gpu-bench.sh "$out/load" load ;;
     *) echo "gpu-session.sh: unknown run $run" >>"$out/session.log" ;;
   esac
 done
