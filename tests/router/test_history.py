@@ -149,3 +149,19 @@ def test_a_long_streamed_answer_is_read_in_batches_as_a_whole() -> None:
 def test_whitespace_around_a_messages_text_does_not_count() -> None:
     assert history.canonical(a(" answer\n")) == history.canonical(a("answer"))
     assert history.canonical(a("an swer")) != history.canonical(a("answer"))
+
+
+def test_digests_stay_what_earlier_routers_stored() -> None:
+    """Replicas of two versions share a Redis store during a rollout: a digest that changed
+    would miss every turn the other version kept (these are the first release's values)."""
+    msgs = [
+        {"role": "system", "content": "be brief"},
+        u(" hi "),
+        a("hello", tool_calls=[{"id": "c1", "function": {"name": "f", "arguments": {"x": 1}}}]),
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "42"}]},
+        a(None),
+        u("more"),
+    ]
+    got = history.of_messages(msgs)
+    assert [d.hex() for d in got.lookup] == ["2787a4aca6d9804931cbf4408d7311be", "8b80ea40e30522a5e4d89cf6c1b064a8"]
+    assert got.head.hex() == "e10b2ff9985d61ca43f787f210452320"

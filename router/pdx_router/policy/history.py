@@ -40,6 +40,7 @@ def _digest(data: bytes) -> bytes:
 
 
 _START: Final = _digest(b"pdx-history-v1")
+_sha256: Final = hashlib.sha256
 
 
 def _text(content: Any) -> str:
@@ -83,17 +84,25 @@ def _tool_calls(calls: Any) -> list[list[str]]:
 
 
 def canonical(message: Any) -> bytes:
-    """The form two messages are compared in: role, content text, tool calls, call id."""
-    if not isinstance(message, Mapping):
+    """The form two messages are compared in: role, content text, tool calls, call id.
+
+    Every turn of a conversation without an id hashes all its messages, so the common case
+    (a dict, a string role and content, no tool calls) takes the shortest way to the same bytes."""
+    if type(message) is not dict and not isinstance(message, Mapping):
         return orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
-    role = str(message.get("role") or "")
-    form = [role, _text(message.get("content")), _tool_calls(message.get("tool_calls"))]
-    form.append(str(message.get("tool_call_id") or ""))
+    get = message.get
+    role, content, calls = get("role"), get("content"), get("tool_calls")
+    form = [
+        role if type(role) is str else str(role or ""),
+        content.strip() if type(content) is str else _text(content),
+        _tool_calls(calls) if calls else [],
+        str(get("tool_call_id") or ""),
+    ]
     return orjson.dumps(form)
 
 
 def _step(chain: bytes, message: Any) -> bytes:
-    return _digest(chain + _digest(canonical(message)))
+    return _sha256(chain + _sha256(canonical(message)).digest()[:DIGEST_BYTES]).digest()[:DIGEST_BYTES]
 
 
 @dataclass(frozen=True)
@@ -126,7 +135,7 @@ def of_messages(messages: Sequence[Any], max_keys: int = MAX_KEYS) -> History:
     at: list[int] = []
     for i, m in enumerate(messages):
         chain = _step(chain, m)
-        if isinstance(m, Mapping) and m.get("role") == "assistant":
+        if (type(m) is dict or isinstance(m, Mapping)) and m.get("role") == "assistant":
             found.append(chain)
             at.append(i)
             if len(found) > max_keys:
