@@ -18,9 +18,12 @@ import os
 import sysconfig
 from pathlib import Path
 
-# pdx_router's modules that mypyc compiles: those a request and its relayed chunks pass through.
-# Not the store (tests replace its methods), nor what runs once or off the request's path.
-COMPILED = ("wire", "relay", "filters", "front", "app", "upstream", "metrics", "ids", "entries", "endpoints")
+# pdx_router's modules that mypyc compiles: those a request and its relayed chunks pass through
+# (`answer`: every block of a turn kept by its history). Not the store (tests replace its
+# methods), nor what runs once or off the request's path.
+COMPILED = (
+    "wire", "relay", "filters", "front", "app", "upstream", "metrics", "ids", "entries", "endpoints", "answer",
+)  # fmt: skip
 # Modules written in C beside a `.py` twin of the same name (what runs unbuilt or pure).
 C_MODULES = ("scan",)
 BUILT = (*COMPILED, *C_MODULES)  # every module a build holds, as its manifest lists them
