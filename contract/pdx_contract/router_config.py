@@ -103,6 +103,10 @@ class RouterConfig(Document):
     """Such a turn goes local only while its decode has fewer requests than this in flight
     (the router's own count, or the engine's running + waiting, whichever is higher): a local
     prefill delays the tokens of every stream that decode is generating."""
+    prefill_affinity: bool = False
+    """Send every turn of a conversation to one prefill, chosen by rendezvous hashing of the
+    conversation (its id, else its messages through the first user message), so that prefill's
+    prefix cache may still hold the history; off: the least loaded prefill."""
     reuse_headers: bool = False
     """Answer with X-PDX-Reuse, X-PDX-Reused-Tokens and X-PDX-Prefill-Ms: facts about the stored
     entries, so only for a trusted client (the local demo, `pdx bench`)."""

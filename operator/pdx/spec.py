@@ -371,6 +371,11 @@ class RouterSpec(_Spec):
     decode_local_max_busy: int = Field(default=4, ge=1)
     """A turn goes decode-local only while its decode has fewer requests in flight than this
     (the router's count, or the engine's running + waiting, whichever is higher)."""
+    prefill_affinity: bool | None = None
+    """Send every turn of a conversation to one prefill (rendezvous hashing of its id, else of its
+    messages through the first user message), so that prefill's prefix cache may still hold its
+    history; off: the least loaded prefill. Unset: on where prefill's prefix cache is on. Only
+    matters with several prefills; a prefill that goes away moves only its own conversations."""
     reuse_headers: bool = False
     """Answer with X-PDX-Reuse, X-PDX-Reused-Tokens and X-PDX-Prefill-Ms. They describe the
     stored entries: turn them on only for trusted clients (a benchmark, the local demo)."""
@@ -566,6 +571,12 @@ class DisaggregatedInferenceSpec(_Spec):
         if self.router.decode_local_max_tokens is not None:
             return self.router.decode_local_max_tokens
         return GPU_DECODE_LOCAL_MAX_TOKENS if self.kv_buffer_device == "cuda" else 0
+
+    @property
+    def prefill_affinity(self) -> bool:
+        if self.router.prefill_affinity is not None:
+            return self.router.prefill_affinity
+        return self.prefix_caching("prefill")
 
     @property
     def router_ttl(self) -> int:

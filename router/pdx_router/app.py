@@ -86,6 +86,7 @@ class Router:
             engine_key(cfg.engine_api_key_file),
             cfg.conversation_from,
             keep_history=self.local_rule.max_tokens > 0,
+            prefill_affinity=cfg.prefill_affinity,
         )
 
     # ------------------------------------------------------------ lifecycle
@@ -253,7 +254,7 @@ class Router:
 
     async def _serve(self, req: Request, ask: ClientRequest, started: float) -> Answer | Stream:
         gen = self._generation()
-        prefill = engines.choose_prefill(self.pool.endpoints, gen)
+        prefill = engines.choose_prefill(self.pool.endpoints, gen, ask.affinity)
         assert prefill is not None
         plan = await self._plan(ask, gen, prefill) if ask.conversational else reuse.NO_CONVERSATION
         attempt = retry.first_attempt(plan)
@@ -274,7 +275,7 @@ class Router:
         while True:
             if attempt.retried:
                 gen = self._generation()
-                prefill = engines.choose_prefill(self.pool.endpoints, gen) or prefill
+                prefill = engines.choose_prefill(self.pool.endpoints, gen, ask.affinity) or prefill
             decode = engines.choose_decode(self.pool.endpoints, gen, attempt.affinity)
             if decode is None:
                 raise NoEngines

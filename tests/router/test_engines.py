@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from pdx_router.policy.engines import choose_decode, choose_generation, choose_prefill
 
 from .helpers import ep
@@ -52,3 +54,36 @@ def test_decode_affinity_only_when_healthy() -> None:
     assert choose_decode(eps, "g1", "d2").url == "d2"  # type: ignore[union-attr]
     eps[1].healthy = False
     assert choose_decode(eps, "g1", "d2").url == "d1"  # type: ignore[union-attr]
+
+
+def test_prefill_affinity_gives_a_conversation_the_same_prefill_whatever_the_load() -> None:
+    eps = [ep("prefill", f"p{i}") for i in range(4)]
+    first = choose_prefill(eps, "g1", affinity="conversation-a")
+    assert first is not None
+    for e in eps:
+        e.outstanding = 9 if e is first else 0
+    assert choose_prefill(eps, "g1", affinity="conversation-a") is first
+    assert choose_prefill(eps, "g1").url != first.url  # without affinity: the least loaded
+
+
+def test_prefill_affinity_spreads_conversations_and_a_lost_prefill_moves_only_its_own() -> None:
+    eps = [ep("prefill", f"p{i}") for i in range(4)]
+    keys = [f"conversation-{i}" for i in range(400)]
+    before = {k: choose_prefill(eps, "g1", affinity=k).url for k in keys}  # type: ignore[union-attr]
+    counts = Counter(before.values())
+    assert set(counts) == {"p0", "p1", "p2", "p3"} and min(counts.values()) > 60
+    eps[2].healthy = False
+    after = {k: choose_prefill(eps, "g1", affinity=k).url for k in keys}  # type: ignore[union-attr]
+    moved = {k for k in keys if after[k] != before[k]}
+    assert moved == {k for k in keys if before[k] == "p2"}
+
+
+def test_prefill_affinity_follows_the_pod_name_not_its_address() -> None:
+    old = [ep("prefill", "http://10.0.0.1:8000"), ep("prefill", "http://10.0.0.2:8000")]
+    new = [ep("prefill", "http://10.0.0.7:8000"), ep("prefill", "http://10.0.0.2:8000")]
+    for e, name in zip(old + new, ["p-0", "p-1", "p-0", "p-1"], strict=True):
+        e.name = name
+    keys = [f"c{i}" for i in range(50)]
+    assert [choose_prefill(old, "g1", affinity=k).name for k in keys] == [  # type: ignore[union-attr]
+        choose_prefill(new, "g1", affinity=k).name for k in keys  # type: ignore[union-attr]
+    ]

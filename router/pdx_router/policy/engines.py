@@ -1,11 +1,12 @@
-"""Which engines serve a turn: one generation, the least loaded prefill, and the decode that
-holds the conversation's KV when it can.
+"""Which engines serve a turn: one generation, a prefill (the conversation's own with prefill
+affinity, else the least loaded), and the decode that holds the conversation's KV when it can.
 
 A draining decode (being scaled away) is chosen for nothing: its conversations' next turns
 read their KV from it (see `reuse.check_entry`) and decode elsewhere, which moves them."""
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
@@ -40,8 +41,26 @@ def least_loaded(candidates: Sequence[Endpoint]) -> Endpoint | None:
     return best
 
 
-def choose_prefill(endpoints: Sequence[Endpoint], generation: str) -> Endpoint | None:
-    return least_loaded(_healthy(endpoints, "prefill", generation))
+def _weight(key: str, engine: Endpoint) -> bytes:
+    """Rendezvous (highest random weight) hashing's score of an engine for a key: its name
+    (the pod's, stable across restarts), else its URL."""
+    return hashlib.blake2b(f"{key}\x00{engine.name or engine.url}".encode(), digest_size=8).digest()
+
+
+def affine(candidates: Sequence[Endpoint], key: str) -> Endpoint | None:
+    """The candidate a key belongs to: the highest score. Every router replica picks the same
+    one with no shared state, and when a prefill comes or goes only the keys it wins or held
+    move (1/n of them), not the others."""
+    return max(candidates, key=lambda e: _weight(key, e), default=None)
+
+
+def choose_prefill(endpoints: Sequence[Endpoint], generation: str, affinity: str | None = None) -> Endpoint | None:
+    """The prefill that served the conversation's earlier turns when `affinity` (its key) is
+    given, so prefill's prefix cache may still hold its history; else the least loaded."""
+    candidates = _healthy(endpoints, "prefill", generation)
+    if affinity is not None:
+        return affine(candidates, affinity)
+    return least_loaded(candidates)
 
 
 def choose_decode(endpoints: Sequence[Endpoint], generation: str, affinity_url: str | None) -> Endpoint | None:

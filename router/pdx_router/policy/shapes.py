@@ -51,6 +51,9 @@ class ClientRequest:
     found_by: FoundBy = FoundBy.NONE
     # A completions prompt without an id (and history allowed): its prefixes find the entry.
     prompt: Prompt | None = None
+    # Prefill affinity: the key that picks this conversation's prefill (engines.choose_prefill);
+    # None: the least loaded prefill.
+    affinity: str | None = None
 
     @property
     def stream(self) -> bool:
@@ -185,6 +188,9 @@ class Front:
     # Decode-local is on: a chat turn found by its id keeps its history's digests too, to tell
     # which of its messages the decode holding the conversation has not seen (policy.local).
     keep_history: bool = False
+    # Every turn of a conversation goes to one prefill (affinity_key), whose prefix cache may
+    # hold its history; off: the least loaded prefill.
+    prefill_affinity: bool = False
 
 
 def client_request(
@@ -215,9 +221,31 @@ def client_request(
             by = FoundBy.HISTORY
     headers_out = engine_headers(headers, front.engine_key)
     found = by if key is not None or past is not None or prompt is not None else FoundBy.NONE
+    affinity = affinity_key(key, clean, is_chat, tenant, scope) if front.prefill_affinity else None
     return ClientRequest(
-        path, is_chat, clean, headers_out, key, wants_ids, request_id, tenant, past, scope, found, prompt
+        path, is_chat, clean, headers_out, key, wants_ids, request_id, tenant, past, scope, found, prompt, affinity
     )
+
+
+def affinity_key(
+    key: str | None, body: Mapping[str, Any], is_chat: bool, tenant: str | None, scope: str | None
+) -> str | None:
+    """What ties a turn to its conversation's prefill, the same every turn: the conversation's
+    store key (an id), else a chat's head, its messages through the first user message (an
+    agent's instructions and task, which later turns re-send unchanged), bound to tenant and
+    scope. None (the least loaded prefill): no identity, a completion without an id, or a chat
+    with no user message."""
+    if key is not None:
+        return key
+    if not is_chat or tenant is None or scope is None:
+        return None
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return None
+    for i, m in enumerate(messages):
+        if isinstance(m, Mapping) and m.get("role") == "user":
+            return history.key(tenant, scope, history.of_messages(messages[: i + 1]).head)
+    return None
 
 
 def found_by_id(
