@@ -72,3 +72,20 @@ def test_short_turns_run_on_decode_equal_a_recompute_and_the_next_turn_reuses(to
     # decode's own cache served the history of each local turn: at least the first turn's prompt
     assert all(hits >= answers[0].prompt_tokens - 64 for hits in cache_hits[:2]), cache_hits
     assert answers[3].reused_tokens >= answers[2].prompt_tokens  # prefill read the local turn's KV back
+
+
+def test_an_engine_tokenizes_a_later_turn_from_its_cache_to_the_ids_of_a_whole_tokenization(
+    topo: LocalTopology,
+) -> None:
+    """pdx_engine.tokenize_cache on vLLM's own chat path: the ids prefill reports for each turn
+    equal the model tokenizer's whole tokenization, and its log shows the cache served a turn."""
+    transformers = pytest.importorskip("transformers")
+    tok = transformers.AutoTokenizer.from_pretrained(str(topo.model_dir))  # the model the engines run
+    prefill = topo.engine_urls["prefill"][0]
+    msgs = [{"role": "system", "content": "You read plant notes."}, user(HISTORY + " " + LONG_SUFFIX)]
+    for turn in range(3):
+        answer = chat(prefill, msgs, conversation=None, token_ids=True, max_tokens=4)
+        whole = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        assert answer.prompt_ids == tok(whole, add_special_tokens=False)["input_ids"], f"turn {turn}"
+        msgs += [assistant(answer.text), user(f"Turn {turn}: which valve reads highest? " + HISTORY[:900])]
+    assert "ids came from the tokenize cache" in topo.log_path(topo.by_role("prefill")[0].name).read_text()
