@@ -14,7 +14,7 @@ import yaml
 
 from pdx.resource import manifest_documents
 
-from . import decodelocal
+from . import decodelocal, prefixcache
 from .background import BackgroundSpec, write_streams
 from .breakdown import (
     BREAKDOWN_HEADERS,
@@ -46,6 +46,7 @@ from .sweep import (
     run_sweep,
     served_model_name,
     total_requests,
+    with_changes,
 )
 from .workload import HFTokenizerCounter, TokenCounter, WordCounter, WorkloadSpec
 
@@ -83,13 +84,18 @@ def _named_leg(text: str) -> Leg:
         raise argparse.ArgumentTypeError(
             f"a leg's name is lowercase letters, digits, - and _, not off, on, run or bound: {name!r}"
         )
+    return Leg(name, _changes(fields))
+
+
+def _changes(fields: str) -> tuple[tuple[str, Any], ...]:
+    """FIELD=VALUE[,FIELD=VALUE...]: dotted camelCase paths under spec, values as YAML reads them."""
     changes: list[tuple[str, Any]] = []
     for change in filter(None, (c.strip() for c in fields.split(","))):
         path, eq, value = change.partition("=")
         if not eq or not re.fullmatch(r"[A-Za-z0-9]+(\.[A-Za-z0-9]+)*", path):
             raise argparse.ArgumentTypeError(f"expected FIELD=VALUE (a dotted path under spec), got {change!r}")
         changes.append((path, yaml.safe_load(value)))
-    return Leg(name, tuple(changes))
+    return tuple(changes)
 
 
 def _engine_url(text: str) -> tuple[str, str]:
@@ -146,6 +152,15 @@ def add_parser(sub: Any) -> None:
         "local:router.decodeLocalMaxTokens=8192 (repeatable, in order; instead of --legs; no bound)",
     )
     p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        type=_changes,
+        default=[],
+        metavar="FIELD=VALUE[,...]",
+        help="local: spec fields set on the resource before any leg, e.g. prefill.replicas=2 (repeatable)",
+    )
+    p.add_argument(
         "--fresh-engines",
         action="store_true",
         help="local: restart the engines every leg, also when only router fields change",
@@ -156,6 +171,19 @@ def add_parser(sub: Any) -> None:
         default=[],
         help="follow-up turns' new tokens, a point each at every length (the instruction, at most "
         "--user-tokens, after a tool result of the rest); default: --user-tokens + --tool-tokens",
+    )
+    p.add_argument(
+        "--live",
+        type=_ints,
+        default=[],
+        metavar="N,N,...",
+        help="conversations live at once: a point each (at every length), N conversations on N clients whose "
+        "starts spread over one --think-time, so their turns interleave (instead of --conversations/--concurrency)",
+    )
+    p.add_argument(
+        "--unique-prefix",
+        action="store_true",
+        help="each conversation its own system prompt of --lengths tokens (default: one shared by all)",
     )
     p.add_argument("--no-warmup", action="store_true", help="skip the short warmup conversation per leg")
     p.add_argument(
@@ -195,7 +223,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--image", help="--in-cluster: image with pdx installed")
     p.add_argument("--results-claim", help="--in-cluster: PersistentVolumeClaim to keep results in")
     p.set_defaults(run=main)
-    reports = p.add_subparsers(title="reports on a finished run", metavar="{report-decode-local}")
+    reports = p.add_subparsers(
+        title="reports on a finished run", metavar="{report-decode-local,report-prefix-cache}"
+    )
     r = reports.add_parser(
         "report-decode-local",
         help="decode-local against D->P per history length and suffix, and the default threshold they support",
@@ -211,6 +241,31 @@ def add_parser(sub: Any) -> None:
         "--tpot-target", type=float, default=decodelocal.TPOT_TARGET, help="TPOT p90 rise, at most (0.10: 10%%)"
     )
     r.set_defaults(run=report_decode_local)
+    r = reports.add_parser(
+        "report-prefix-cache",
+        help="the live sweep's legs (off, cache, on, on-cache) side by side over runs (topologies)",
+        description=prefixcache.__doc__,
+    )
+    r.add_argument("run_dirs", type=Path, nargs="+", metavar="DIR", help="runs' --out, each with its summary.json")
+    r.add_argument("--out", type=Path, required=True, help="where prefix-cache.md, .json and the plot go")
+    r.set_defaults(run=report_prefix_cache)
+
+
+def report_prefix_cache(args: argparse.Namespace) -> int:
+    """`pdx bench report-prefix-cache DIR... --out OUT`."""
+    missing = [str(d) for d in args.run_dirs if not (d / "summary.json").is_file()]
+    if missing:
+        print(f"pdx bench: no summary.json in {', '.join(missing)}", file=sys.stderr)
+        return 2
+    runs = [prefixcache.read_run(d) for d in args.run_dirs]
+    if not any(run.points for run in runs):
+        print("pdx bench: no run has points of a live sweep (--live)", file=sys.stderr)
+        return 2
+    for line in prefixcache.findings(runs):
+        print(line)
+    for key, path in prefixcache.write_report(runs, args.out).items():
+        print(f"{key}: {path}")
+    return 0
 
 
 def report_decode_local(args: argparse.Namespace) -> int:
@@ -248,6 +303,7 @@ def _spec(args: argparse.Namespace) -> WorkloadSpec:
         think_time_s=args.think_time,
         seed=args.seed,
         fixed_output=not args.no_fixed_output,
+        shared_prefix=not args.unique_prefix,
     )
 
 
@@ -296,6 +352,8 @@ def _bench_args(args: argparse.Namespace) -> list[str]:
         out += ["--leg", f"{leg.name}:{fields}"]
     if args.suffix_tokens:
         out += ["--suffix-tokens", ",".join(map(str, args.suffix_tokens))]
+    if args.live:
+        out += ["--live", ",".join(map(str, args.live))]
     if args.background_streams:
         out += [
             "--background-streams", str(args.background_streams),
@@ -310,6 +368,7 @@ def _bench_args(args: argparse.Namespace) -> list[str]:
         ("--no-warmup", args.no_warmup),
         ("--no-bound", args.no_bound),
         ("--no-conversation-id", args.no_conversation_id),
+        ("--unique-prefix", args.unique_prefix),
     ):
         if on:
             out.append(flag)
@@ -389,6 +448,9 @@ def main(args: argparse.Namespace) -> int:
     if args.named_legs and args.legs:
         print("pdx bench: --leg and --legs are alternatives", file=sys.stderr)
         return 2
+    if args.sets and (args.url or args.cluster):
+        print("pdx bench: --set edits the local resource; in a cluster, edit it there", file=sys.stderr)
+        return 2
     target: Target
     if args.url:
         engines: dict[str, list[str]] = {}
@@ -401,6 +463,7 @@ def main(args: argparse.Namespace) -> int:
         legs = args.named_legs or args.legs or [False, True]
     else:
         assert doc is not None
+        doc = with_changes(doc, [change for changes in args.sets for change in changes])
         target = LocalTarget(doc, args.state_dir, fresh_engines=args.fresh_engines)
         legs = args.named_legs or args.legs or [False, True]
         limit = doc.get("spec", {}).get("model", {}).get("maxModelLen")
@@ -450,9 +513,28 @@ def _run(
         conversation_id=not args.no_conversation_id,
         suffixes=args.suffix_tokens,
         background=_background(args),
+        live=args.live,
     )
     instance = (args.name or (doc or {}).get("metadata", {}).get("name")) if args.cluster else None
-    return execute(target, cfg, args.out, _counter_for(args), prometheus=args.prometheus, instance=instance)
+    topology = topology_name(doc) if doc is not None and not args.url else None
+    return execute(
+        target, cfg, args.out, _counter_for(args), prometheus=args.prometheus, instance=instance, topology=topology
+    )
+
+
+def topology_name(doc: dict[str, Any]) -> str:
+    """`xPyD` from the resource's replicas (1 each when unset, the models' default)."""
+    spec = doc.get("spec", {})
+    prefill = spec.get("prefill", {}).get("replicas", 1)
+    decode = spec.get("decode", {}).get("replicas", 1)
+    return f"{prefill}P{decode}D"
+
+
+def capacity_text(capacity: dict[str, list[int | None]]) -> str:
+    """e.g. `prefill 4096, 4096; decode 524288` (tokens per engine; `?`: not said)."""
+    return "; ".join(
+        f"{role} " + ", ".join("?" if n is None else str(n) for n in per) for role, per in capacity.items() if per
+    )
 
 
 def execute(
@@ -462,6 +544,7 @@ def execute(
     counter_for: Any,
     prometheus: str | None = None,
     instance: str | None = None,
+    topology: str | None = None,
 ) -> int:
     """Run the sweep with a progress bar, write records, plots and report, print the table."""
     from tqdm import tqdm
@@ -499,21 +582,32 @@ def execute(
     records = all_records(results)
     context = {
         "target": target.description,
+        **({"topology": topology} if topology else {}),
         "lengths": ",".join(map(str, cfg.lengths)),
         "workload": (
-            f"{cfg.spec.conversations} conversations x {cfg.spec.turns} turns, "
+            ("live conversations" if cfg.live else f"{cfg.spec.conversations} conversations")
+            + f" x {cfg.spec.turns} turns, "
             + (
                 f"user at most {cfg.spec.user_tokens} + tool the rest of each suffix, "
                 if cfg.suffixes
                 else f"user {cfg.spec.user_tokens} + tool {cfg.spec.tool_tokens} tokens/turn, "
             )
             + f"{cfg.spec.output_tokens} output tokens, "
-            f"concurrency {cfg.spec.concurrency}, seed {cfg.spec.seed}"
+            + (f"concurrency {cfg.spec.concurrency}, " if not cfg.live else "one client each, ")
+            + f"seed {cfg.spec.seed}"
         ),
         "wall time": f"{time.time() - started:.0f} s",
     }
     if cfg.suffixes:
         context["suffixes"] = ",".join(map(str, cfg.suffixes)) + " new tokens per follow-up turn"
+    if cfg.live:
+        context["live conversations"] = (
+            ",".join(map(str, cfg.live)) + f" (a point each; think time {cfg.spec.think_time_s:g} s, "
+            f"{'its own' if not cfg.spec.shared_prefix else 'one shared'} system prompt per conversation)"
+        )
+    for leg in results:
+        if leg.capacity:
+            context[f"{leg.leg} leg KV capacity (tokens)"] = capacity_text(leg.capacity)
     if cfg.background is not None:
         bg = cfg.background
         context["background"] = (
@@ -560,8 +654,11 @@ def execute(
         table = markdown(BREAKDOWN_HEADERS, breakdown_rows(where))
         sections.append(("Where ON's TTFT goes (ms)", f"{table}\n\n{BREAKDOWN_NOTE}"))
     streams = [s for leg in results for s in leg.background]
-    per_point = point_stats(records, streams)
-    per_point_shown = bool(cfg.suffixes or cfg.background is not None or any(leg.named for leg in cfg.leg_list()))
+    point_engines = {(leg.leg, p.length, p.suffix, p.live): g for leg in results for p, g in leg.points.items()}
+    per_point = point_stats(records, streams, engines=point_engines)
+    per_point_shown = bool(
+        cfg.suffixes or cfg.live or cfg.background is not None or any(leg.named for leg in cfg.leg_list())
+    )
     if per_point_shown:
         sections.insert(0, ("TTFT and background TPOT per leg and point", points_table(per_point)))
     per_role = engine_rows(engines)
@@ -589,6 +686,7 @@ def execute(
         "errors": len(errors),
         "router_stats": {leg.leg: leg.router_stats for leg in results if leg.leg != "bound"},
         "points": [point_json(p) for p in per_point],
+        "capacity": {leg.leg: leg.capacity for leg in results if leg.capacity},
         "ttft_breakdown": [b.to_json() for b in where],
         "engines": engines_json(engines),
         "notes": notes,

@@ -253,6 +253,8 @@ async def run(
     per_request = scraper is not None and scraper.enabled and spec.concurrency == 1
 
     async def client(client_id: int) -> None:
+        if spec.stagger_s > 0:
+            await asyncio.sleep(client_id * spec.stagger_s)
         while not queue.empty():
             conv = queue.get_nowait()
             answers: list[str] = []

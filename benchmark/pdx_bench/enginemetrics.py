@@ -16,6 +16,15 @@ The names, identical in vLLM 0.26.0 and 0.32.0:
 - `vllm:request_prefill_time_seconds`: first scheduled to first token;
 - `vllm:nixl_xfer_time_seconds`, `vllm:nixl_post_time_seconds`, `vllm:nixl_bytes_transferred`:
   one observation per NIXL transfer the engine initiated (duration, time to post it, bytes).
+
+Two more, vLLM 0.32.0 (`vllm/v1/metrics/loggers.py`, `stats.py`):
+- `vllm:prompt_tokens_by_source`, a counter by `source`: each prompt token the engine
+  prefilled, by where its KV came from: `local_cache_hit` (its own prefix cache),
+  `external_kv_transfer` (the KV connector: on prefill, the D->P read of decode's blocks),
+  `local_compute` (computed). A snapshot holds each source as a "histogram" of `sum` alone
+  (`SOURCE_PREFIX` + source, count 0), so differences and sums work as for the others.
+- `vllm:cache_config_info`, a gauge whose labels are the cache config: `num_gpu_blocks` x
+  `block_size` is the engine's KV capacity in tokens (`kv_capacity`).
 """
 
 from __future__ import annotations
@@ -34,6 +43,11 @@ XFER_TIME = "vllm:nixl_xfer_time_seconds"
 POST_TIME = "vllm:nixl_post_time_seconds"
 XFER_BYTES = "vllm:nixl_bytes_transferred"
 HISTOGRAMS: tuple[str, ...] = (TTFT, QUEUE_TIME, PREFILL_TIME, XFER_TIME, POST_TIME, XFER_BYTES)
+PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source"
+CACHE_CONFIG = "vllm:cache_config_info"
+SOURCE_PREFIX = f"{PROMPT_BY_SOURCE}:"
+LOCAL_HIT, EXTERNAL, COMPUTE = "local_cache_hit", "external_kv_transfer", "local_compute"
+SOURCES: tuple[str, ...] = (LOCAL_HIT, EXTERNAL, COMPUTE)
 
 
 @dataclass(frozen=True)
@@ -72,6 +86,39 @@ def parse_histograms(text: str, names: Iterable[str] = HISTOGRAMS) -> Histograms
             part = Hist(sum=sample.value) if suffix == "_sum" else Hist(count=sample.value)
             out[name] = out.get(name, Hist()) + part
     return out
+
+
+def parse_sources(text: str) -> Histograms:
+    """`vllm:prompt_tokens_by_source` per source (summed over engines), as sums under
+    `SOURCE_PREFIX` + source; none when the engine does not export it."""
+    lines = [line for line in text.splitlines() if line.startswith(PROMPT_BY_SOURCE)]
+    out: Histograms = {}
+    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+        for sample in family.samples:
+            source = sample.labels.get("source")
+            if sample.name == f"{PROMPT_BY_SOURCE}_total" and source in SOURCES:
+                name = SOURCE_PREFIX + source
+                out[name] = out.get(name, Hist()) + Hist(sum=sample.value)
+    return out
+
+
+def kv_capacity(text: str) -> int | None:
+    """The engine's KV cache in tokens (num_gpu_blocks x block_size of `vllm:cache_config_info`),
+    summed over its engines; None when it does not say."""
+    lines = [line for line in text.splitlines() if line.startswith(CACHE_CONFIG)]
+    total = 0
+    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+        for sample in family.samples:
+            blocks, size = sample.labels.get("num_gpu_blocks"), sample.labels.get("block_size")
+            if blocks and size and blocks.isdigit() and size.isdigit():
+                total += int(blocks) * int(size)
+    return total or None
+
+
+def sources(hists: Histograms) -> dict[str, float] | None:
+    """Prompt tokens by source (`SOURCES`) from one window's figures; None if not exported."""
+    got = {s: hists[SOURCE_PREFIX + s].sum for s in SOURCES if SOURCE_PREFIX + s in hists}
+    return got if len(got) == len(SOURCES) else None
 
 
 def merge(parts: Iterable[Histograms]) -> Histograms:
@@ -177,9 +224,23 @@ class EngineScraper:
         return any(self._urls.values())
 
     async def _one(self, url: str) -> Histograms:
+        text = await self._text(url)
+        return {**parse_histograms(text), **parse_sources(text)}
+
+    async def _text(self, url: str) -> str:
         async with self._session.get(f"{url}/metrics", timeout=self._timeout) as resp:
             resp.raise_for_status()
-            return parse_histograms(await resp.text())
+            return await resp.text()
+
+    async def capacity(self, role: str) -> list[int | None]:
+        """Each engine's KV capacity in tokens (None: it did not say, or did not answer)."""
+        out: list[int | None] = []
+        for url in self._urls.get(role, []):
+            try:
+                out.append(kv_capacity(await self._text(url)))
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                out.append(None)
+        return out
 
     async def histograms(self, role: str) -> Histograms | None:
         urls = self._urls.get(role, [])

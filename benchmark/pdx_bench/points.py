@@ -10,12 +10,45 @@ prefilled on decode can delay them, and the first turns' full prefills are the s
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .background import StreamRecord, window_tpots
+from .enginemetrics import COMPUTE, EXTERNAL, LOCAL_HIT, GroupEngines, sources
 from .records import RequestRecord
 from .report import markdown, percentile
+
+# (leg, prefix length, suffix, live conversations): a point of a leg
+PointKey = tuple[str, int, int | None, int | None]
+
+
+@dataclass(frozen=True)
+class TokenSources:
+    """Where the follow-up turns' prompt tokens came from on prefill, from its
+    `vllm:prompt_tokens_by_source` over the point (all its turns): its own prefix cache, the
+    D->P read, computed. The first turns' prompts are taken off the computed tokens: with
+    `--unique-prefix` a first turn has nothing to reuse (with a shared system prompt, what a
+    first turn found of it counts as the follow-ups' own hits)."""
+
+    local: float
+    remote: float
+    computed: float
+
+    @property
+    def total(self) -> float:
+        return self.local + self.remote + self.computed
+
+    def share(self, part: float) -> float:
+        return part / self.total if self.total > 0 else float("nan")
+
+
+def token_sources(engines: GroupEngines | None, first_turn_tokens: float) -> TokenSources | None:
+    """A point's sources on prefill (None: prefill's figures were not read, or not exported)."""
+    prefill = engines.all_turns.get("prefill") if engines is not None else None
+    got = sources(prefill) if prefill is not None else None
+    if got is None:
+        return None
+    return TokenSources(got[LOCAL_HIT], got[EXTERNAL], max(0.0, got[COMPUTE] - first_turn_tokens))
 
 
 @dataclass(frozen=True)
@@ -33,27 +66,35 @@ class PointStats:
     tpot_p90: float = float("nan")
     itl_p99: float = float("nan")  # the streams' inter-token gaps during those turns
     streams: int = 0  # background stream requests of the leg
+    live: int | None = None  # conversations live at once (--live)
+    sources: TokenSources | None = None  # where prefill's prompt tokens came from
 
     def share(self, outcome: str) -> float:
         return self.outcomes.get(outcome, 0) / self.n if self.n else 0.0
 
 
+def _key(r: RequestRecord) -> PointKey:
+    return (r.leg, r.prefix_tokens, r.suffix_tokens, r.live_conversations)
+
+
 def point_stats(
-    records: Sequence[RequestRecord], streams: Sequence[StreamRecord] = (), min_turn: int = 2
+    records: Sequence[RequestRecord],
+    streams: Sequence[StreamRecord] = (),
+    min_turn: int = 2,
+    engines: Mapping[PointKey, GroupEngines] | None = None,
 ) -> list[PointStats]:
-    """One row per (leg, prefix, suffix) with follow-up turns, in the order they ran."""
-    keys: list[tuple[str, int, int | None]] = []
+    """One row per (leg, prefix, suffix, live) with follow-up turns, in the order they ran;
+    `engines`: each point's engine figures (for where prefill's tokens came from)."""
+    keys: list[PointKey] = []
     for r in sorted(records, key=lambda r: r.start_time_ms):
-        key = (r.leg, r.prefix_tokens, r.suffix_tokens)
+        key = _key(r)
         if r.turn >= min_turn and key not in keys:
             keys.append(key)
     out = []
-    for leg, prefix, suffix in keys:
-        group = [
-            r
-            for r in records
-            if (r.leg, r.prefix_tokens, r.suffix_tokens) == (leg, prefix, suffix) and r.turn >= min_turn
-        ]
+    for key in keys:
+        leg, prefix, suffix, live = key
+        group = [r for r in records if _key(r) == key and r.turn >= min_turn]
+        first = sum(float(r.input_num_tokens) for r in records if _key(r) == key and r.turn < min_turn)
         ttft = [r.ttft_ms for r in group]
         held = [float(r.input_num_tokens - r.reused_tokens) for r in group if r.reuse == "hit" and r.reused_tokens]
         leg_streams = [s for s in streams if s.leg == leg]
@@ -73,6 +114,8 @@ def point_stats(
                 tpot_p90=percentile(tpots, 90),
                 itl_p99=percentile(gaps, 99),
                 streams=len(leg_streams),
+                live=live,
+                sources=token_sources((engines or {}).get(key), first),
             )
         )
     return out
@@ -88,9 +131,18 @@ def outcome_mix(p: PointStats) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(p.outcomes.items())) or "-"
 
 
+def source_mix(p: PointStats) -> str:
+    """e.g. `62/30/8`: percent of the follow-ups' prompt tokens from prefill's cache, the D->P
+    read, computed."""
+    src = p.sources
+    if src is None or src.total <= 0:
+        return "-"
+    return "/".join(f"{100 * src.share(part):.0f}" for part in (src.local, src.remote, src.computed))
+
+
 HEADERS = (
-    "leg", "prefix", "suffix", "n", "TTFT p50", "TTFT p90", "outcomes", "new tok", "TPOT p50", "TPOT p90",
-    "ITL p99", "TPOT n",
+    "leg", "prefix", "suffix", "live", "n", "TTFT p50", "TTFT p90", "outcomes", "P cache/D->P/computed %",
+    "new tok", "TPOT p50", "TPOT p90", "ITL p99", "TPOT n",
 )  # fmt: skip
 
 
@@ -100,10 +152,12 @@ def table_rows(points: Sequence[PointStats]) -> list[tuple[str, ...]]:
             p.leg,
             str(p.prefix_tokens),
             "-" if p.suffix_tokens is None else str(p.suffix_tokens),
+            "-" if p.live is None else str(p.live),
             str(p.n),
             cell(p.ttft_p50),
             cell(p.ttft_p90),
             outcome_mix(p),
+            source_mix(p),
             cell(p.new_tokens),
             cell(p.tpot_p50, "{:.2f}"),
             cell(p.tpot_p90, "{:.2f}"),
@@ -115,7 +169,10 @@ def table_rows(points: Sequence[PointStats]) -> list[tuple[str, ...]]:
 
 
 NOTE = (
-    "Follow-up turns (turn >= 2) of each leg and point, ms. outcomes: X-PDX-Reuse per turn. new tok: median "
+    "Follow-up turns (turn >= 2) of each leg and point, ms. live: conversations live at once (--live). outcomes: "
+    "X-PDX-Reuse per turn. P cache/D->P/computed: the follow-ups' prompt tokens on prefill by where their KV "
+    "came from (vllm:prompt_tokens_by_source over the point, the first turns' prompts taken off computed). "
+    "new tok: median "
     "prompt tokens beyond what decode held (hits: prompt - reused). TPOT: the background streams' mean time per "
     "token during each follow-up turn (one value per stream request and turn, at least 4 gaps); ITL p99: their "
     "inter-token gaps during those turns; TPOT n: how many values. `-`: not measured."
@@ -144,4 +201,8 @@ def to_json(p: PointStats) -> dict[str, object]:
         "tpot_p90": num(p.tpot_p90),
         "itl_p99": num(p.itl_p99),
         "background_requests": p.streams,
+        "live": p.live,
+        "sources": None
+        if p.sources is None
+        else {"local": p.sources.local, "remote": p.sources.remote, "computed": p.sources.computed},
     }

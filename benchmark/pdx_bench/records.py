@@ -64,6 +64,7 @@ class RequestRecord:
     leg: str = ""  # "off", "on", or "" for a single run
     prefix_tokens: int = 0  # the sweep point this request belongs to
     suffix_tokens: int | None = None  # and its follow-up turns' new tokens (--suffix-tokens; None: not swept)
+    live_conversations: int | None = None  # and how many conversations were live at once (--live; None: not swept)
     prefill_ms: float | None = None  # X-PDX-Prefill-Ms: the router's prefill hop, KV read included
     reuse: str | None = None  # X-PDX-Reuse
     reused_tokens: int = 0  # X-PDX-Reused-Tokens

@@ -377,6 +377,20 @@ class ClusterTarget:
 # ------------------------------------------------------------------------------------ sweep
 
 
+@dataclass(frozen=True)
+class Point:
+    """One group of a leg: a prefix length, and the suffix and live conversations when swept."""
+
+    length: int
+    suffix: int | None = None
+    live: int | None = None
+
+    @property
+    def label(self) -> str:
+        """What a point adds to its conversations' ids."""
+        return ("" if self.suffix is None else f"-n{self.suffix}") + ("" if self.live is None else f"-l{self.live}")
+
+
 @dataclass
 class SweepConfig:
     lengths: list[int]
@@ -390,11 +404,15 @@ class SweepConfig:
     # Follow-up turns' new tokens: each value a point at every length; empty: the spec's own sizes.
     suffixes: list[int] = field(default_factory=list)
     background: BackgroundSpec | None = None  # streams decoding through the router all leg long
+    # Conversations live at once: each value a point at every length and suffix, that many
+    # conversations each on its own client, interleaved by the think time; empty: the spec's own.
+    live: list[int] = field(default_factory=list)
 
-    def points(self) -> list[tuple[int, int | None]]:
-        """(prefix length, suffix) of each group a leg runs, in order."""
+    def points(self) -> list[Point]:
+        """(prefix length, suffix, live conversations) of each group a leg runs, in order."""
         suffixes: list[int | None] = [*self.suffixes] or [None]
-        return [(length, suffix) for length in self.lengths for suffix in suffixes]
+        lives: list[int | None] = [*self.live] or [None]
+        return [Point(length, suffix, n) for length in self.lengths for suffix in suffixes for n in lives]
 
     def leg_list(self) -> list[Leg]:
         legs = [as_leg(leg) for leg in self.legs]
@@ -418,6 +436,8 @@ class LegResult:
     engines: dict[int, GroupEngines] = field(default_factory=dict)  # per prefix length (its suffixes pooled)
     notes: list[str] = field(default_factory=list)
     background: list[StreamRecord] = field(default_factory=list)
+    points: dict[Point, GroupEngines] = field(default_factory=dict)  # each point's engine figures
+    capacity: dict[str, list[int | None]] = field(default_factory=dict)  # KV tokens per engine, per role
 
 
 async def _model_name(session: aiohttp.ClientSession, url: str) -> str:
@@ -527,9 +547,10 @@ def _pooled(a: GroupEngines | None, b: GroupEngines) -> GroupEngines:
     return GroupEngines(all_turns=accumulate(a.all_turns, b.all_turns), followups=followups)
 
 
-def point_spec(cfg: SweepConfig, length: int, suffix: int | None) -> WorkloadSpec:
-    spec = cfg.spec.with_prefix(length)
-    return spec if suffix is None else spec.with_new_tokens(suffix)
+def point_spec(cfg: SweepConfig, point: Point) -> WorkloadSpec:
+    spec = cfg.spec.with_prefix(point.length)
+    spec = spec if point.suffix is None else spec.with_new_tokens(point.suffix)
+    return spec if point.live is None else spec.live(point.live)
 
 
 async def run_leg(
@@ -581,29 +602,31 @@ async def run_leg(
             )
             if not await asyncio.to_thread(streams.start):
                 main.notes.append(f"background: not every stream decoded before the {name} leg's first turn")
+        if scraper.enabled:
+            main.capacity = {role: await scraper.capacity(role) for role in sorted(ep.engine_urls)}
         try:
-            for length, suffix in cfg.points():
-                spec = point_spec(cfg, length, suffix)
-                point = "" if suffix is None else f"-n{suffix}"
-                workload = build(replace(spec, text_salt=salt), counter, label=f"{run_id}-{name}{point}")
+            for point in cfg.points():
+                spec = point_spec(cfg, point)
+                length = point.length
+                workload = build(replace(spec, text_salt=salt), counter, label=f"{run_id}-{name}{point.label}")
                 res, engines = await _group(
                     session, scraper, ep.router_url, model, workload, counter, cfg, name, progress
                 )
                 main.engines[length] = _pooled(main.engines.get(length), engines)
-                main.records += _at_suffix(res.records, suffix)
-                main.errors += [
-                    {**e, "prefix_tokens": length, "suffix_tokens": suffix, "leg": name} for e in res.errors
-                ]
+                main.points[point] = engines
+                main.records += _at_point(res.records, point)
+                main.errors += [{**e, **_point_fields(point), "leg": name} for e in res.errors]
                 if bound is not None and plan.url is not None and plan.model is not None:
-                    salted = build(replace(spec, text_salt=BOUND_SALT), counter, label=f"{run_id}-{BOUND}{point}")
+                    salted = build(
+                        replace(spec, text_salt=BOUND_SALT), counter, label=f"{run_id}-{BOUND}{point.label}"
+                    )
                     res, engines = await _group(
                         session, scraper, plan.url, plan.model, salted, counter, cfg, BOUND, progress, bound=True
                     )
                     bound.engines[length] = _pooled(bound.engines.get(length), engines)
-                    bound.records += _at_suffix(res.records, suffix)
-                    bound.errors += [
-                        {**e, "prefix_tokens": length, "suffix_tokens": suffix, "leg": BOUND} for e in res.errors
-                    ]
+                    bound.points[point] = engines
+                    bound.records += _at_point(res.records, point)
+                    bound.errors += [{**e, **_point_fields(point), "leg": BOUND} for e in res.errors]
                 elif name in BOUND_LEGS and cfg.bound and progress is not None:
                     for _ in range(spec.turns * spec.conversations):  # the bar still reaches its total
                         progress(None)
@@ -625,10 +648,15 @@ def background_notes(leg: str, records: Sequence[StreamRecord]) -> list[str]:
     return [f"background: {len(failed)} of the {leg} leg's {len(records)} stream requests failed: {failed[0].error}"]
 
 
-def _at_suffix(records: list[RequestRecord], suffix: int | None) -> list[RequestRecord]:
+def _at_point(records: list[RequestRecord], point: Point) -> list[RequestRecord]:
     for rec in records:
-        rec.suffix_tokens = suffix
+        rec.suffix_tokens = point.suffix
+        rec.live_conversations = point.live
     return records
+
+
+def _point_fields(point: Point) -> dict[str, int | None]:
+    return {"prefix_tokens": point.length, "suffix_tokens": point.suffix, "live_conversations": point.live}
 
 
 def run_sweep(
@@ -657,7 +685,7 @@ def run_sweep(
 def total_requests(cfg: SweepConfig) -> int:
     legs = cfg.leg_list()
     runs = len(legs) + (sum(1 for leg in legs if leg.name in BOUND_LEGS) if cfg.bound else 0)
-    return runs * len(cfg.points()) * cfg.spec.turns * cfg.spec.conversations
+    return runs * sum(point_spec(cfg, p).conversations for p in cfg.points()) * cfg.spec.turns
 
 
 def all_records(results: Sequence[LegResult]) -> list[RequestRecord]:

@@ -93,6 +93,7 @@ class WorkloadSpec:
     concurrency: int = 1
     request_rate: float = 0.0  # requests/s over all clients (Poisson); 0: as fast as answers come
     think_time_s: float = 0.0  # pause between a turn's answer and the next turn of that conversation
+    stagger_s: float = 0.0  # client i starts its first request i x this late, so conversations interleave
     seed: int = 0
     shared_prefix: bool = True  # one system prompt for all conversations (an agent's instructions)
     system_role: bool = True  # False: fold the prefix into the first user turn (vLLM's benchmark format)
@@ -110,8 +111,8 @@ class WorkloadSpec:
                 raise ValueError(f"{name} must be >= 1")
         if self.output_tokens < 1:
             raise ValueError("output_tokens must be >= 1")
-        if self.request_rate < 0 or self.think_time_s < 0:
-            raise ValueError("request_rate and think_time_s must be >= 0")
+        if self.request_rate < 0 or self.think_time_s < 0 or self.stagger_s < 0:
+            raise ValueError("request_rate, think_time_s and stagger_s must be >= 0")
 
     def with_prefix(self, prefix_tokens: int) -> WorkloadSpec:
         return replace(self, prefix_tokens=prefix_tokens)
@@ -121,6 +122,12 @@ class WorkloadSpec:
         after a tool result of the rest; what decode lacks of a turn is these plus the template's."""
         user = min(self.user_tokens, new_tokens // 2)
         return replace(self, user_tokens=user, tool_tokens=new_tokens - user)
+
+    def live(self, conversations: int) -> WorkloadSpec:
+        """`conversations` live at once: one client each, their starts spread over one think time
+        (client i starts i/n of it late), so their turns interleave as agents' do."""
+        stagger = self.think_time_s / conversations
+        return replace(self, conversations=conversations, concurrency=conversations, stagger_s=stagger)
 
     def last_turn_tokens(self, template_overhead: int = 16) -> int:
         """Estimated prompt size of the last turn, to check against max-model-len up front."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -21,7 +22,19 @@ import yaml
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from pdx_bench.enginemetrics import HISTOGRAMS, POST_TIME, PREFILL_TIME, QUEUE_TIME, TTFT, XFER_BYTES, XFER_TIME
+from pdx_bench.enginemetrics import (
+    COMPUTE,
+    EXTERNAL,
+    HISTOGRAMS,
+    LOCAL_HIT,
+    POST_TIME,
+    PREFILL_TIME,
+    QUEUE_TIME,
+    SOURCES,
+    TTFT,
+    XFER_BYTES,
+    XFER_TIME,
+)
 from pdx_router.metrics import Metrics
 from pdx_router.policy import Outcome
 
@@ -75,6 +88,14 @@ class FakeEngine:
     headers: list[dict[str, str]] = field(default_factory=list)
     sums: dict[str, float] = field(default_factory=dict)
     counts: dict[str, float] = field(default_factory=dict)
+    # vllm:prompt_tokens_by_source (exported only once a router booked some) and the KV
+    # capacity vllm:cache_config_info names (num_gpu_blocks x block_size 16; 0: not said)
+    sources: dict[str, float] = field(default_factory=dict)
+    capacity_tokens: int = 0
+
+    def book_sources(self, local: float, remote: float, computed: float) -> None:
+        for name, value in ((LOCAL_HIT, local), (EXTERNAL, remote), (COMPUTE, computed)):
+            self.sources[name] = self.sources.get(name, 0.0) + value
 
     def book(self, amounts: dict[str, float]) -> None:
         for name, value in amounts.items():
@@ -106,6 +127,15 @@ class FakeEngine:
                     f"{name}_count{{{labels}}} {count * share}",
                     f"{name}_sum{{{labels}}} {total * share}",
                 ]
+        if self.sources:
+            lines += ["# HELP vllm:prompt_tokens_by_source Number of prompt tokens by source.",
+                      "# TYPE vllm:prompt_tokens_by_source counter"]  # fmt: skip
+            lines += [f'vllm:prompt_tokens_by_source_total{{engine="0",model_name="m",source="{source}"}} '
+                      f"{self.sources.get(source, 0.0)}" for source in SOURCES]  # fmt: skip
+        if self.capacity_tokens:
+            blocks = self.capacity_tokens // 16
+            info = f'block_size="16",engine="0",num_gpu_blocks="{blocks}"'
+            lines += ["# TYPE vllm:cache_config_info gauge", f"vllm:cache_config_info{{{info}}} 1.0"]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def models(self, _req: web.Request) -> web.Response:
@@ -150,6 +180,23 @@ class FakeRouter:
     # A local turn's prefill runs in decode's batch: every stream's next token waits this long.
     local_stall_s: float = 0.0
     stalled_until: float = 0.0  # loop time
+    # Prefill's prefix cache (prefill.prefixCaching): each conversation's last prompt, least
+    # recently used first, up to `prefill_capacity` tokens; a turn finds its last prompt there
+    # (local), reads the rest of its history from decode on a hit (remote), computes the rest.
+    prefix_caching: bool = False
+    prefill_capacity: int = 1 << 30
+    cached: OrderedDict[str, int] = field(default_factory=OrderedDict)
+    history: dict[str, int] = field(default_factory=dict)  # each conversation's last prompt + answer
+
+    def _sources(self, conv: str, prompt: int, hit: bool) -> tuple[int, int, int]:
+        """(local, remote, computed) tokens of a turn's prompt on prefill; keeps the cache."""
+        local = min(prompt, self.cached.pop(conv, 0)) if self.prefix_caching else 0
+        remote = max(0, min(prompt, self.history.get(conv, 0)) - local) if hit else 0
+        if self.prefix_caching:
+            self.cached[conv] = prompt
+            while sum(self.cached.values()) > self.prefill_capacity:
+                self.cached.popitem(last=False)
+        return local, remote, prompt - local - remote
 
     def prompt_tokens(self, body: dict[str, Any]) -> int:
         return _prompt_tokens(body)
@@ -190,8 +237,13 @@ class FakeRouter:
         if hit:  # the D->P read prefill would do, as its NIXL histogram would count it
             self.xfer_seconds += 0.004
             self.xfer_count += 1
+        conv = str(body.get("conversation_id") or next(m["content"] for m in body["messages"] if m["role"] == "user"))
+        prompt = self.prompt_tokens(body)
+        local, remote, computed = self._sources(conv, prompt, hit)
+        self.history[conv] = prompt + int(body["max_tokens"])
         if self.prefill is not None:
             self.prefill.book({**PREFILL_BOOKS, **(D2P_BOOKS if hit else {})})
+            self.prefill.book_sources(local, remote, computed)
         if self.decode is not None:
             self.decode.book(DECODE_BOOKS)
         facts = {
@@ -211,10 +263,7 @@ class FakeRouter:
         loop = asyncio.get_running_loop()
         if outcome == "local":
             self.stalled_until = max(self.stalled_until, loop.time() + self.local_stall_s)
-        recompute = outcome == "miss"
-        await asyncio.sleep(
-            self.first_token_delay + (self.per_token_delay * self.prompt_tokens(body) if recompute else 0)
-        )
+        await asyncio.sleep(self.first_token_delay + self.per_token_delay * computed)
         n = int(body["max_tokens"])
         for i in range(n):
             if i:
@@ -313,11 +362,15 @@ class FakeTopology:
     with_decode: ClassVar[bool] = True
     token_delay: ClassVar[float] = 0.0  # of the router's answers
     local_stall_s: ClassVar[float] = 0.0  # what a local turn stalls decode's streams by
+    prefill_capacity: ClassVar[int] = 1 << 20  # tokens prefill's prefix cache holds
 
     def __init__(self, document: dict[str, Any], state_dir: Path | None = None) -> None:
         self.document = document
         bidir = bool(document["spec"]["kvTransfer"]["bidirectional"])
-        self.prefill, self.decode = FakeEngine(), FakeEngine()
+        self.prefill, self.decode = FakeEngine(capacity_tokens=FakeTopology.prefill_capacity), FakeEngine()
+        caching = document["spec"].get("prefill", {}).get("prefixCaching")
+        if caching is None:  # the models' default: on, but under profile benchmark
+            caching = document["spec"].get("profile") != "benchmark"
         self._fake = ThreadedFake(
             FakeRouter(
                 first_token_delay=0.002,
@@ -327,6 +380,8 @@ class FakeTopology:
                 per_token_delay=2e-6,
                 prefill=self.prefill,
                 decode=self.decode,
+                prefix_caching=bool(caching),
+                prefill_capacity=FakeTopology.prefill_capacity,
             )
         )
         self._engines = (ThreadedFake(self.prefill), ThreadedFake(self.decode))
@@ -348,6 +403,7 @@ class FakeTopology:
     def reset(cls) -> None:
         cls.started, cls.reconfigured, cls.models, cls.decodes, cls.routers = [], [], set(), [], []
         cls.with_decode, cls.token_delay, cls.local_stall_s = True, 0.0, 0.0
+        cls.prefill_capacity = 1 << 20
 
     def __enter__(self) -> FakeTopology:
         FakeTopology.started.append(self.document)
