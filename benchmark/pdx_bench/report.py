@@ -66,13 +66,17 @@ class Row:
         return self.on.ttft_p50 / self.bound.ttft_p50
 
 
+# Turns that reused decode's KV: read back by prefill (`hit`) or prefilled on decode itself (`local`).
+REUSED = ("hit", "local")
+
+
 def leg_stats(records: Sequence[RequestRecord]) -> LegStats | None:
     if not records:
         return None
     ttft = [r.ttft_ms for r in records]
     prefill = [r.prefill_ms for r in records if r.prefill_ms is not None]
     xfer = [r.kv_transfer_ms for r in records if r.kv_transfer_ms is not None]
-    hits = sum(1 for r in records if r.reuse == "hit")
+    hits = sum(1 for r in records if r.reuse in REUSED)
     return LegStats(
         n=len(records),
         prompt_tokens=_mean([float(r.input_num_tokens) for r in records]),

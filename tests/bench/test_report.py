@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -91,3 +92,9 @@ def test_the_ttft_plot_draws_the_bound_as_a_third_line() -> None:
     assert [s.label.split(":")[0] for s in lines] == ["bidirectional OFF", "bidirectional ON", "bound"]
     bound = lines[2]
     assert bound.p50 == pytest.approx([45.0, 75.0]) and len(bound.xs) == 2
+
+
+def test_a_leg_s_hit_rate_counts_turns_prefilled_on_the_decode_that_held_them() -> None:
+    records = [replace(r, reuse="local") if r.reuse == "hit" else r for r in sweep_records()]
+    long = summarize(records)[1]
+    assert long.on is not None and long.on.hit_rate == pytest.approx(0.75)
