@@ -197,3 +197,44 @@ async def test_an_answer_sent_back_stripped_of_whitespace_still_hits(
     msgs[-1] = assistant(msgs[-1]["content"].strip())
     outcome, _, _ = await turn(http, s.url, [*msgs, user("more")])
     assert outcome == "hit" and all(r.correct for r in s.cluster.reads)
+
+
+async def test_another_tenants_history_shows_a_prober_what_any_unknown_history_shows(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    """The oracle the issue rules out. B sends A's history word for word, and, beside it, an
+    unknown history of its own of the same shape. With the reuse facts off (the default) both
+    answers have one status and the same headers, the store is asked the same number of keys
+    for each (the same work), the found counters do not move, and A's next turn still hits."""
+    s = await make_stack(tenancy=TenancyConfig(identity="apiKey"), reuse_headers=False)
+    a, b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+    tried: list[int] = []
+    store = s.router.store
+    take, take_first = store.take, store.take_first
+
+    async def counted_take(key: str) -> Any:
+        tried.append(1)
+        return await take(key)
+
+    async def counted_take_first(keys: Any) -> Any:
+        tried.append(len(keys))
+        return await take_first(keys)
+
+    store.take, store.take_first = counted_take, counted_take_first  # type: ignore[method-assign]
+    status, _, data = await chat(http, s.url, [user(LONG)], conversation=None, headers=a)
+    assert status == 200
+    owned = [user(LONG), assistant(data["choices"][0]["message"]["content"]), user("more")]
+    own_unknown = [user(LONG + " mine"), assistant("a guess at an answer"), user("more")]
+    before = await stats(http, s.url)
+    seen = []
+    for msgs in (owned, own_unknown):
+        tried.clear()
+        status, headers, _ = await chat(http, s.url, msgs, conversation=None, headers=b)
+        seen.append((status, sorted(k for k in headers if k not in ("Date", "X-Request-ID")), list(tried)))
+    assert seen[0] == seen[1] and seen[0][0] == 200 and seen[0][2] == [1]
+    assert not [k for k in seen[0][1] if k.lower().startswith("x-pdx-")]
+    after = await stats(http, s.url)
+    assert after["foundBy"] == before["foundBy"] and after["reuse"]["hit"] == before["reuse"]["hit"]
+    assert after["reuse"]["miss"] == before["reuse"]["miss"] + 2 and not s.cluster.reads
+    await chat(http, s.url, owned, conversation=None, headers=a)
+    assert (await stats(http, s.url))["reuse"]["hit"] == 1 and all(r.correct for r in s.cluster.reads)
