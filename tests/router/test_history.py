@@ -7,9 +7,11 @@ from typing import Any
 
 import orjson
 
+from pdx_contract.router_config import TenancyConfig
 from pdx_router.policy import history, shapes
 
 T, S = "a" * 32, "b" * 32
+LONG_TEXT = " ".join(f"word{i}" for i in range(2000))
 
 
 def u(text: str) -> dict[str, Any]:
@@ -165,3 +167,19 @@ def test_digests_stay_what_earlier_routers_stored() -> None:
     got = history.of_messages(msgs)
     assert [d.hex() for d in got.lookup] == ["2787a4aca6d9804931cbf4408d7311be", "8b80ea40e30522a5e4d89cf6c1b064a8"]
     assert got.head.hex() == "e10b2ff9985d61ca43f787f210452320"
+
+
+def test_the_pass_gives_the_digest_through_the_first_user_message_as_a_pass_over_it_alone() -> None:
+    msgs = [{"role": "system", "content": "be brief"}, u(LONG_TEXT), a("ok"), u("more"), a("fine"), u("again")]
+    got = history.of_messages(msgs)
+    assert got.first_user == history.of_messages(msgs[:2]).head
+    assert history.of_messages([{"role": "system", "content": "s"}, a("no user")]).first_user is None
+
+
+def test_prefill_affinity_of_a_history_turn_is_the_key_a_second_pass_gives() -> None:
+    msgs = [{"role": "system", "content": "be brief"}, u(LONG_TEXT), a("ok"), u("more")]
+    front = shapes.Front(tenancy=TenancyConfig(identity="single"), prefill_affinity=True)
+    ask = shapes.client_request({"model": "m", "messages": msgs}, {}, "/v1/chat/completions", True, front)
+    assert ask.history is not None and ask.tenant is not None and ask.scope is not None
+    second_pass = shapes.affinity_key(None, {"messages": msgs}, True, ask.tenant, ask.scope)
+    assert ask.affinity == second_pass == history.key(ask.tenant, ask.scope, history.of_messages(msgs[:2]).head)

@@ -112,6 +112,9 @@ class History:
     lookup: tuple[bytes, ...]  # one per assistant message, the longest prefix first, at most MAX_KEYS
     head: bytes  # the digest of all the request's messages
     at: tuple[int, ...] = ()  # the index of each lookup digest's assistant message
+    # The digest of the messages through the first user message (prefill affinity's key, from
+    # the same pass: the first user message is often most of a request's bytes); None: none.
+    first_user: bytes | None = None
 
     def held_through(self, turn: bytes | None) -> int | None:
         """The index of the assistant message that ends the stored turn `turn` (so the
@@ -133,14 +136,20 @@ def of_messages(messages: Sequence[Any], max_keys: int = MAX_KEYS) -> History:
     chain = _START
     found: list[bytes] = []
     at: list[int] = []
+    first_user: bytes | None = None
     for i, m in enumerate(messages):
         chain = _step(chain, m)
-        if (type(m) is dict or isinstance(m, Mapping)) and m.get("role") == "assistant":
+        if type(m) is not dict and not isinstance(m, Mapping):
+            continue
+        role = m.get("role")
+        if role == "assistant":
             found.append(chain)
             at.append(i)
             if len(found) > max_keys:
                 del found[0], at[0]
-    return History(tuple(reversed(found)), chain, tuple(reversed(at)))
+        elif role == "user" and first_user is None:
+            first_user = chain
+    return History(tuple(reversed(found)), chain, tuple(reversed(at)), first_user)
 
 
 def key(tenant: str, scope: str, digest: bytes) -> str:

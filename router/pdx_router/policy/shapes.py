@@ -221,24 +221,32 @@ def client_request(
             by = FoundBy.HISTORY
     headers_out = engine_headers(headers, front.engine_key)
     found = by if key is not None or past is not None or prompt is not None else FoundBy.NONE
-    affinity = affinity_key(key, clean, is_chat, tenant, scope) if front.prefill_affinity else None
+    affinity = affinity_key(key, clean, is_chat, tenant, scope, past) if front.prefill_affinity else None
     return ClientRequest(
         path, is_chat, clean, headers_out, key, wants_ids, request_id, tenant, past, scope, found, prompt, affinity
     )
 
 
 def affinity_key(
-    key: str | None, body: Mapping[str, Any], is_chat: bool, tenant: str | None, scope: str | None
+    key: str | None,
+    body: Mapping[str, Any],
+    is_chat: bool,
+    tenant: str | None,
+    scope: str | None,
+    past: History | None = None,
 ) -> str | None:
     """What ties a turn to its conversation's prefill, the same every turn: the conversation's
     store key (an id), else a chat's head, its messages through the first user message (an
     agent's instructions and task, which later turns re-send unchanged), bound to tenant and
-    scope. None (the least loaded prefill): no identity, a completion without an id, or a chat
+    scope; taken from `past`, the request's history digests, when it has them (no second
+    pass). None (the least loaded prefill): no identity, a completion without an id, or a chat
     with no user message."""
     if key is not None:
         return key
     if not is_chat or tenant is None or scope is None:
         return None
+    if past is not None:
+        return history.key(tenant, scope, past.first_user) if past.first_user is not None else None
     messages = body.get("messages")
     if not isinstance(messages, list):
         return None
