@@ -390,6 +390,12 @@ class Point:
         """What a point adds to its conversations' ids."""
         return ("" if self.suffix is None else f"-n{self.suffix}") + ("" if self.live is None else f"-l{self.live}")
 
+    @property
+    def salt(self) -> str:
+        """What a point adds to its texts' seed: a live point's conversations are other words than
+        the point's before (same sizes), whose KV prefill's and decode's caches may still hold."""
+        return "" if self.live is None else f":live{self.live}"
+
 
 @dataclass
 class SweepConfig:
@@ -608,7 +614,9 @@ async def run_leg(
             for point in cfg.points():
                 spec = point_spec(cfg, point)
                 length = point.length
-                workload = build(replace(spec, text_salt=salt), counter, label=f"{run_id}-{name}{point.label}")
+                workload = build(
+                    replace(spec, text_salt=salt + point.salt), counter, label=f"{run_id}-{name}{point.label}"
+                )
                 res, engines = await _group(
                     session, scraper, ep.router_url, model, workload, counter, cfg, name, progress
                 )
@@ -617,9 +625,8 @@ async def run_leg(
                 main.records += _at_point(res.records, point)
                 main.errors += [{**e, **_point_fields(point), "leg": name} for e in res.errors]
                 if bound is not None and plan.url is not None and plan.model is not None:
-                    salted = build(
-                        replace(spec, text_salt=BOUND_SALT), counter, label=f"{run_id}-{BOUND}{point.label}"
-                    )
+                    bound_spec = replace(spec, text_salt=BOUND_SALT + point.salt)
+                    salted = build(bound_spec, counter, label=f"{run_id}-{BOUND}{point.label}")
                     res, engines = await _group(
                         session, scraper, plan.url, plan.model, salted, counter, cfg, BOUND, progress, bound=True
                     )

@@ -47,6 +47,21 @@ def test_a_live_point_runs_that_many_conversations_at_once_each_on_its_own_clien
     assert set(leg.points) == {Point(100, None, 1), Point(100, None, 4)}
 
 
+def test_each_live_point_sends_other_texts_so_no_cache_holds_a_point_before_it() -> None:
+    # Greedy answers repeat too: a point's conversation equal to one before it would find its
+    # whole history in prefill's cache, first turn included.
+    run_sweep(LocalTarget(example_doc(), factory=FakeTopology), _config(CACHE, live=[1, 2]), lambda ep: WordCounter())
+    [router] = FakeTopology.routers
+    firsts: dict[str, set[str]] = {"-l1-": set(), "-l2-": set()}
+    for body in router.bodies:
+        conv = str(body["conversation_id"])
+        for point, texts in firsts.items():
+            if point in conv and len(body["messages"]) == 2:
+                texts.add(body["messages"][0]["content"])
+    assert len(firsts["-l1-"]) == 1 and len(firsts["-l2-"]) == 2
+    assert firsts["-l1-"].isdisjoint(firsts["-l2-"])
+
+
 def test_past_prefill_capacity_the_cache_leg_computes_what_was_evicted_and_on_reads_it_from_decode() -> None:
     # Each conversation's last prompt is ~150-250 words; prefill holds 400: two fit, six do not.
     FakeTopology.prefill_capacity = 400
