@@ -22,3 +22,7 @@ fi
 .venv/bin/python scripts/build_router_native.py \
   || echo "pdx: the router's data path was not compiled; it runs as pure Python" >&2
 echo "pdx: .venv ready ($(.venv/bin/python -c 'import vllm; print("vllm", vllm.__version__)'))"
+# vLLM's multi-turn benchmark client (tests/e2e drives it): its source release's benchmarks/multi_turn
+# and pandas, fetched with pip into ${PDX_CACHE:-~/.cache/pdx}, never into the repository or the venv.
+.venv/bin/python -c 'import sys; from pdx_bench.compat import cache_dir, ensure_deps, obtain_sdist
+obtain_sdist(); ensure_deps(sys.executable, cache_dir() / "vllm-bench-deps")'

@@ -23,7 +23,7 @@ import pytest
 
 from pdx.local import default_document
 from pdx.local.topology import LocalTopology
-from pdx_bench.compat import cache_dir
+from pdx_bench.compat import SCRIPT, cache_dir, obtain_sdist
 from tests.e2e.correctness import router_stats
 
 pytest.importorskip("vllm", reason="needs the engine extra (scripts/setup.sh)")
@@ -32,8 +32,9 @@ pytestmark = [pytest.mark.engines, pytest.mark.timeout(900)]
 
 MODEL = "pdx-tiny"
 KEY = "sk-tenant-a"
-# vLLM's benchmarks/multi_turn (0.33.0), kept verbatim in the repository: no download at test time.
-VLLM_BENCH = Path(__file__).parent / "vllm_multi_turn" / "benchmark_serving_multi_turn.py"
+# vLLM's benchmarks/multi_turn (0.33.0): not in the wheel, so scripts/setup.sh fetches vLLM's
+# source release with pip into the cache (pdx_bench.compat); nothing of it enters the repository.
+
 HISTORY = " ".join(f"Log line {i}: service {i % 9} answered in {i * 37 % 211} ms, queue {i % 4}." for i in range(50))
 
 
@@ -78,9 +79,10 @@ def pandas_path() -> str | None:
 def test_vllms_multi_turn_benchmark_without_conversation_ids_hits_every_follow_up_turn(
     topo: LocalTopology, tmp_path: Path
 ) -> None:
+    vllm_bench = obtain_sdist() / SCRIPT  # cached by setup.sh
     deps = pandas_path()
     if deps is None:
-        pytest.skip("vLLM's multi-turn benchmark imports pandas: install it (python -m pdx_bench.compat does)")
+        pytest.fail("vLLM's multi-turn benchmark imports pandas: scripts/setup.sh installs it beside the cache")
     conversations, turns = 2, 3
     data = [
         {
@@ -98,7 +100,7 @@ def test_vllms_multi_turn_benchmark_without_conversation_ids_hits_every_follow_u
     ]
     (tmp_path / "input.json").write_text(json.dumps(data))
     cmd = [
-        sys.executable, str(VLLM_BENCH),
+        sys.executable, str(vllm_bench),
         "--input-file", str(tmp_path / "input.json"),
         "--model", str(topo.model_dir),
         "--served-model-name", MODEL,
@@ -112,7 +114,7 @@ def test_vllms_multi_turn_benchmark_without_conversation_ids_hits_every_follow_u
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": deps, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     before = counts(topo.router_url)
-    proc = subprocess.run(cmd, cwd=VLLM_BENCH.parent, env=env, capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(cmd, cwd=vllm_bench.parent, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "conversation_id" not in (tmp_path / "input.json").read_text()
     records = json.loads((tmp_path / "stats.json").read_text())
