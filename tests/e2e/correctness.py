@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from pdx_engine import idle_wait, nixl_progress, shm_recheck
+from pdx_engine import idle_wait, nixl_progress, shm_recheck, tokenize_cache
 from tests.e2e.chat import Answer, chat, metric
 from tests.e2e.conversations import LONG, SCENARIOS, TurnScript, user
 
@@ -84,6 +84,7 @@ PLUGINS: dict[str, Plugin] = {
     "pdx_nixl_progress_delay": Plugin("nixl_progress.py", (nixl_progress.ENV,)),
     "pdx_engine_idle_wait": Plugin("idle_wait.py", (idle_wait.ENV,)),
     "pdx_shm_recheck": Plugin("shm_recheck.py", (shm_recheck.ENV, shm_recheck.BUSY_ENV)),
+    "pdx_tokenize_cache": Plugin("tokenize_cache.py", (tokenize_cache.ENV,)),
 }
 # vLLM's line format: "(EngineCore pid=1) INFO 12-03 11:43:44 [idle_wait.py:88] pdx plugin: ...".
 _PLUGIN_LINE = re.compile(
