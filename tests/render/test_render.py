@@ -13,6 +13,7 @@ import yaml
 from pdx.render import config_hash, render
 from pdx.render.engines import kv_transfer_config
 from pdx.resource import Target, load
+from pdx_engine import tokenize_cache
 
 ROOT = Path(__file__).parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -198,5 +199,5 @@ def test_engines_keep_prompt_ids_for_the_next_turn_unless_a_role_turns_it_off() 
     def env(name: str) -> dict[str, Any]:
         return {e["name"]: e.get("value") for e in sets[name]["spec"]["template"]["spec"]["containers"][0]["env"]}
 
-    assert env("qwen3-32b-prefill")["PDX_TOKENIZE_CACHE_BYTES"] == str(64 << 20)
-    assert "PDX_TOKENIZE_CACHE_BYTES" not in env("qwen3-32b-decode")
+    assert env("qwen3-32b-prefill")[tokenize_cache.ENV] == str(64 << 20)  # the name the plugin reads
+    assert tokenize_cache.ENV not in env("qwen3-32b-decode")
