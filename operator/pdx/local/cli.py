@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pdx.local import default_document
+from pdx.local import wheelhouse as wh
 from pdx.resource import manifest_documents, read_target
 
 
@@ -58,8 +59,6 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _wheelhouse(args: argparse.Namespace) -> int:
-    from pdx.local import wheelhouse as wh
-
     def log(line: str) -> None:
         print(line, file=sys.stderr)
 
@@ -100,7 +99,12 @@ def add_parser(sub: Any) -> None:
     w.add_argument("--torch", default="2.11.0", help="the GPU image's torch; picks vLLM by its exact pin (2.11.0)")
     w.add_argument("--cuda", type=int, default=13, help="the CUDA major; picks nixl_cu12 or nixl_cu13 (13)")
     w.add_argument("--python", default="3.12", help="the GPU image's Python, MAJOR.MINOR (3.12)")
-    w.add_argument("--part-mib", type=int, default=60, help="most MiB per part folder, one transfer each (60)")
+    w.add_argument(
+        "--part-mib",
+        type=int,
+        default=wh.DEFAULT_PART_MIB,
+        help=f"most MiB per part folder, one transfer each beside the checkout ({wh.DEFAULT_PART_MIB})",
+    )
     w.add_argument(
         "--cache",
         type=Path,

@@ -40,7 +40,8 @@ from packaging.utils import InvalidWheelFilename, NormalizedName, canonicalize_n
 from packaging.version import InvalidVersion, Version
 
 MIB: Final = 1 << 20
-DEFAULT_PART_MIB: Final = 60
+# A part travels beside the checkout (~6 MiB) in one 64 MiB transfer.
+DEFAULT_PART_MIB: Final = 48
 # c1 also holds the installer, manifest.json, SHA256SUMS and parts.txt (tens of KiB).
 FIRST_PART_RESERVE: Final = MIB
 
