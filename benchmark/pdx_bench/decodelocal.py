@@ -145,7 +145,7 @@ def choose_threshold(comparisons: Sequence[Comparison], targets: Targets = ISSUE
 
 HEADERS = (
     "suffix tokens", "new tok", "D->P TTFT p50/p90", "local TTFT p50/p90", "local/D->P", "local turns",
-    "TPOT p90 D->P", "TPOT p90 local", "verdict",
+    "TPOT p90 D->P", "TPOT p90 local", "ITL p99 D->P / local", "verdict",
 )  # fmt: skip
 
 
@@ -168,6 +168,7 @@ def table(comparisons: Sequence[Comparison], targets: Targets) -> str:
                 f"{c.local.outcomes.get('local', 0)}/{c.local.n}",
                 cell(c.dp.tpot_p90, "{:.2f}"),
                 cell(c.local.tpot_p90, "{:.2f}") + rise,
+                f"{cell(c.dp.itl_p99, '{:.1f}')} / {cell(c.local.itl_p99, '{:.1f}')}",
                 "; ".join(failures) or "meets both",
             )
         )
@@ -180,7 +181,8 @@ NOTE = (
     "the conversation. new tok: median prompt tokens beyond what decode held, from the D->P leg's hits (prompt - "
     "reused): what the router weighs against the threshold. local turns: follow-up turns answered with "
     "`X-PDX-Reuse: local`. TPOT p90: the background streams' mean time per token during each follow-up turn, "
-    "p90 over stream requests and turns; in brackets its rise over D->P."
+    "p90 over stream requests and turns; in brackets its rise over D->P. ITL p99: the streams' longest "
+    "inter-token gaps during those turns, the stall one prefill in decode's batch causes."
 )
 
 

@@ -126,8 +126,8 @@ def test_the_report_has_a_table_per_history_length_and_the_chosen_threshold(tmp_
     md = files["report"].read_text()
     assert "decode-local" in md and choice.threshold == 1024 and choice.why[0] in md
     assert "## 8000 tokens of history" in md and "## 16000 tokens of history" in md
-    assert "| 1024 | 1024 | 200 / 200 | 130 / 130 | 0.65x | 2/2 | 5.00 | 5.00 (+0%) | meets both |" in md
-    assert "| 2048 | 2048 | 200 / 200 | 160 / 160 | 0.80x | 2/2 | 5.00 | 6.00 (+20%) |" in md
+    assert "| 1024 | 1024 | 200 / 200 | 130 / 130 | 0.65x | 2/2 | 5.00 | 5.00 (+0%) | 5.0 / 5.0 | meets both |" in md
+    assert "| 2048 | 2048 | 200 / 200 | 160 / 160 | 0.80x | 2/2 | 5.00 | 6.00 (+20%) | 5.0 / 6.0 |" in md
     data = files["json"].read_text()
     assert '"threshold": 1024' in data
 
