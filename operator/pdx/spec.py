@@ -214,7 +214,7 @@ class RoleSpec(_Spec):
 # The KV block size rendered for GPU engines (KvTransferSpec.block_size says why).
 GPU_BLOCK_SIZE = 128
 # router.decodeLocalMaxTokens unset, on GPUs (RouterSpec.decode_local_max_tokens says why).
-GPU_DECODE_LOCAL_MAX_TOKENS = 512
+GPU_DECODE_LOCAL_MAX_TOKENS = 1024
 
 # kv_lease_duration (vLLM 0.32 nixl/base_scheduler.py, base_worker.py): decode heartbeats every
 # lease // 6 s, each renewal holds prefill's blocks lease * 2 // 3 s from its arrival.
@@ -364,10 +364,12 @@ class RouterSpec(_Spec):
     decode_local_max_tokens: int | None = Field(default=None, ge=0, le=1 << 20)
     """A follow-up turn whose new tokens (beyond what its conversation's decode holds) are at most
     this is prefilled on that decode, from its own prefix cache: no prefill hop, no D->P read.
-    0: every turn goes through prefill. Unset: 512 on GPUs, 0 on CPU. On an H200 a local turn of
-    128-4096 new tokens answered in 0.30-0.56x the D->P path's TTFT; at 512 the streams decode was
-    generating slowed 6-7% at p90 (docs/results/h200-2026-12-03b). A local prefill delays the next
-    token of every stream that decode generates, hence the bound and decodeLocalMaxBusy."""
+    0: every turn goes through prefill. Unset: 1024 on GPUs, 0 on CPU. On an H200 a local turn of
+    128-1024 new tokens answered in 0.36-0.60x the D->P path's TTFT at 8k-24k tokens of history
+    (docs/results/h200-2026-12-04). A local prefill delays the next token of every stream that
+    decode generates: there one eager step of 30-45 ms whatever the suffix, +2-18% on the streams'
+    TPOT p90 during the turn; GPU decodes now capture CUDA graphs large enough for it (unmeasured).
+    Hence the bound and decodeLocalMaxBusy."""
     decode_local_max_busy: int = Field(default=4, ge=1)
     """A turn goes decode-local only while its decode has fewer requests in flight than this
     (the router's count, or the engine's running + waiting, whichever is higher)."""
@@ -479,6 +481,8 @@ class NetworkSpec(_Spec):
     (every address but private, shared, loopback and link-local ranges, so never the node's
     metadata service); `[]`: none (weights already on the model cache PVC; set HF_HUB_OFFLINE=1
     in the roles' env so vLLM does not try)."""
+
+
 class MonitoringSpec(_Spec):
     """Scraping by the Prometheus Operator (docs/observability.md)."""
 

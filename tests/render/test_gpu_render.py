@@ -1,15 +1,18 @@
-"""GPU engines: KV blocks of 64 tokens, CUDA IPC reads over UCX, no EFA where there is none."""
+"""GPU engines: KV blocks of 128 tokens, CUDA IPC reads over UCX, no EFA where there is none, decode's CUDA
+graphs large enough for a decode-local turn."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pdx.render import render
+from pdx.render import engines, render
 from pdx.render.engines import kv_transfer_config, serve_args
 from pdx.resource import SpecError
+from pdx.spec import GPU_DECODE_LOCAL_MAX_TOKENS
 from tests.render.test_render import by_kind, target
 
 ROOT = Path(__file__).parents[2]
@@ -71,3 +74,44 @@ def test_a_gpu_box_with_several_gpus_takes_tensor_parallel_engines() -> None:
 def test_efa_nodes_read_over_libfabric_without_the_ucx_setting() -> None:
     env = {e["name"] for e in engine_pod(render(target()), "qwen3-32b-prefill")["containers"][0]["env"]}
     assert "FI_PROVIDER" in env and "UCX_CUDA_IPC_ENABLE_GET_ZCOPY" not in env
+
+
+def graph_size(args: list[str]) -> int | None:
+    config = flag(args, "--compilation-config")
+    return None if config is None else int(json.loads(config)["max_cudagraph_capture_size"])
+
+
+def test_a_gpu_decode_captures_cuda_graphs_large_enough_for_a_decode_local_turn() -> None:
+    for t in (target(), target(ROOT / "examples" / "local-gpu.yaml")):
+        size = graph_size(serve_args(t, "decode"))
+        assert size is not None and size % 16 == 0
+        # the threshold's new tokens, a block the prefix cache may stop short of, decoding streams
+        assert size >= GPU_DECODE_LOCAL_MAX_TOKENS + 128 + 16
+        assert graph_size(serve_args(t, "prefill")) is None
+
+
+def test_decode_never_captures_fewer_graphs_than_vllms_own_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engines, "GPU_DECODE_LOCAL_MAX_TOKENS", 64)
+    assert graph_size(serve_args(target(), "decode")) == engines.VLLM_MAX_GRAPH_SIZE
+
+
+def test_cpu_engines_get_no_compilation_config() -> None:
+    t = target(ROOT / "examples" / "local-cpu.yaml")
+    assert [graph_size(serve_args(t, role)) for role in ("prefill", "decode")] == [None, None]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--compilation-config", '{"cudagraph_mode":"NONE"}'], ["--enforce-eager"], ["-O0"], ["-cc.mode=0"]],
+)
+def test_extra_args_that_decide_compilation_win_over_the_rendered_graph_size(extra: list[str]) -> None:
+    for t in (target(spec__decode__extraArgs=extra), target(spec__model__extraArgs=extra)):
+        args = serve_args(t, "decode")
+        assert args.count("--compilation-config") == extra.count("--compilation-config")
+        assert args[-len(extra) :] == extra
+
+
+def test_the_routers_threshold_changes_no_engine_argument() -> None:
+    """A router field rolls only the router: decode's graphs follow the GPU default, not the field."""
+    off = target(spec__router__decodeLocalMaxTokens=0)
+    assert serve_args(off, "decode") == serve_args(target(), "decode")

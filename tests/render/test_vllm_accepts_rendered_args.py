@@ -10,7 +10,7 @@ import yaml
 
 from pdx.local.podenv import command_line, resolve_env
 from pdx.render import render
-from pdx.render.engines import ENGINE_ENTRYPOINT
+from pdx.render.engines import ENGINE_ENTRYPOINT, decode_graph_size, graph_args
 from pdx.resource import load
 
 pytest.importorskip("vllm", reason="needs the engine extra (scripts/setup.sh)")
@@ -36,7 +36,8 @@ def engine_argv(path: Path, role: str) -> tuple[list[str], dict[str, str]]:
 def test_vllm_parses_rendered_serve_args_into_its_own_config_objects(path: Path, role: str) -> None:
     argv, env = engine_argv(path, role)
     engine_args, kv = parse_serve_args(argv)
-    spec = load(yaml.safe_load(path.read_text())).spec
+    target = load(yaml.safe_load(path.read_text()))
+    spec = target.spec
     assert kv.kv_connector == "NixlConnector"
     assert kv.kv_role == ("kv_producer" if role == "prefill" else "kv_consumer")
     # vLLM's own per-process id: a restarted container is a new NIXL peer (see kv_transfer_config)
@@ -52,6 +53,8 @@ def test_vllm_parses_rendered_serve_args_into_its_own_config_objects(path: Path,
     assert engine_args.tensor_parallel_size == spec.role(role).tensor_parallel_size  # type: ignore[arg-type]
     assert engine_args.enable_prefix_caching is spec.prefix_caching(role)  # type: ignore[arg-type]
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.1.2.3"
+    if role == "decode" and graph_args(target, "decode"):  # graphs large enough for a decode-local turn
+        assert engine_args.compilation_config.max_cudagraph_capture_size == decode_graph_size(target)
 
 
 def test_the_seed_articles_0_29_keys_would_be_rejected() -> None:

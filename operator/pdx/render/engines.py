@@ -15,6 +15,7 @@ from pdx.render import meta
 from pdx.render.meta import HTTP_PORT, Role
 from pdx.resource import Target
 from pdx.rules import quantity_value
+from pdx.spec import GPU_DECODE_LOCAL_MAX_TOKENS
 
 # The serving image's entrypoint: optional EFA check, then exec its arguments.
 ENGINE_ENTRYPOINT = "/usr/local/bin/pdx-engine-entrypoint"
@@ -55,6 +56,38 @@ def kv_transfer_config(target: Target, role: Role) -> dict[str, Any]:
     }
 
 
+# vLLM runs a batch as a CUDA graph only up to CompilationConfig.max_cudagraph_capture_size tokens,
+# min(2 * max_num_seqs, 512) by default (0.26-0.32); a larger one runs eagerly. A decode-local
+# turn puts its new tokens, up to a block more when the prefix cache stops short, into decode's
+# batch: eagerly that step took 30-45 ms on the H200 (streams' ITL p99 33-48 ms against 10-20 on
+# the D->P path; decode's own prefill time 38-45 ms for ~300 tokens, docs/results/h200-2026-12-04)
+# whatever the suffix, with graphs up to 32 tokens (maxNumSeqs 16). So decode captures graphs up
+# to the GPU threshold plus a block and the decoding streams, and never fewer than vLLM's most.
+GRAPH_SIZE_STEP = 16  # vLLM's capture sizes go up in steps of 16 past 256
+VLLM_MAX_GRAPH_SIZE = 512
+# Flags with which a role's extraArgs decide graphs themselves.
+COMPILATION_FLAGS = ("--compilation-config", "-cc", "-O", "--enforce-eager")
+
+
+def decode_graph_size(target: Target) -> int:
+    """The largest batch, in tokens, that a GPU decode captures as a CUDA graph (see above)."""
+    spec = target.spec
+    tokens = GPU_DECODE_LOCAL_MAX_TOKENS + (spec.block_size or 0) + GRAPH_SIZE_STEP
+    return max(VLLM_MAX_GRAPH_SIZE, -(-tokens // GRAPH_SIZE_STEP) * GRAPH_SIZE_STEP)
+
+
+def graph_args(target: Target, role: Role) -> list[str]:
+    """`--compilation-config` for a GPU decode, unless its extraArgs say how to compile."""
+    spec = target.spec
+    if role != "decode" or spec.kv_buffer_device != "cuda":
+        return []
+    extra = [*spec.model.extra_args, *spec.role(role).extra_args]
+    if any(a.startswith(COMPILATION_FLAGS) for a in extra):
+        return []
+    config = {"max_cudagraph_capture_size": decode_graph_size(target)}
+    return ["--compilation-config", json.dumps(config, separators=(",", ":"))]
+
+
 def serve_args(target: Target, role: Role) -> list[str]:
     """Arguments after `vllm serve` (the model first)."""
     spec, model = target.spec, target.spec.model
@@ -81,6 +114,7 @@ def serve_args(target: Target, role: Role) -> list[str]:
         "--kv-transfer-config",
         json.dumps(kv_transfer_config(target, role), separators=(",", ":")),
     ]
+    args += graph_args(target, role)
     return args + list(model.extra_args) + list(spec.role(role).extra_args)
 
 
@@ -234,9 +268,7 @@ def drain(target: Target, role: Role) -> dict[str, Any]:
 def engine_pod_spec(target: Target, role: Role) -> dict[str, Any]:
     spec = target.spec
     place, role_spec = spec.placement, spec.role(role)
-    node_selector = (
-        {"node.kubernetes.io/instance-type": place.instance_type} if place.profile.instance_selector else {}
-    )
+    node_selector = {"node.kubernetes.io/instance-type": place.instance_type} if place.profile.instance_selector else {}
     node_selector.update(role_spec.node_selector)
     tolerations = list(role_spec.tolerations)
     taint = place.gpu_taint_toleration if place.gpu_taint_toleration is not None else place.profile.gpu_taint
