@@ -10,6 +10,9 @@
 #   tokenize      gpu-bench.sh tokenize: ON with and without the engines' tokenize cache
 #   correct       gpu-correct.sh: greedy ON == OFF on the seeded model, edited histories, plugins
 #   decode-local  gpu-decode-local.sh: D->P against decode-local per suffix and history length
+#   graphs32      the same with decode's CUDA graphs as vLLM sizes them for maxNumSeqs 16 (up to 32
+#                 tokens, docs/results/h200-2026-12-04): beside decode-local, what the rendered
+#                 max_cudagraph_capture_size does to a local turn's TTFT and the streams' stall
 #   variants      gpu-bench.sh: ON through prefill (decodeLocalMaxTokens 0) at 64- and 128-token blocks
 #   load          gpu-bench.sh load: OFF and ON ($LOAD_LEGS) under 8 clients, 16 conversations at 16k
 set -uo pipefail
@@ -31,6 +34,10 @@ for run in ${RUNS:-sweep tokenize load}; do
     tokenize) step tokenize bash scripts/gpu-bench.sh "$out/tokenize" tokenize ;;
     correct) step correct bash scripts/gpu-correct.sh "$out/correct" ;;
     decode-local) step decode-local bash scripts/gpu-decode-local.sh "$out/decode-local" ;;
+    graphs32)
+      step graphs32 bash scripts/gpu-decode-local.sh "$out/graphs32" \
+        'decode.extraArgs=["--compilation-config", "{\"max_cudagraph_capture_size\": 32}"]'
+      ;;
     variants)
       step variants bash scripts/gpu-bench.sh "$out/variants" router.decodeLocalMaxTokens=0 \
         router.decodeLocalMaxTokens=0+kvTransfer.blockSize=128
