@@ -589,7 +589,15 @@ async def run_leg(
                 counter,
                 label=f"{run_id}-{name}-warmup",
             )
-            await run(session, ep.router_url, model, warm, counter=counter, timeout_s=cfg.timeout_s)
+            await run(
+                session,
+                ep.router_url,
+                model,
+                warm,
+                counter=counter,
+                send_conversation_id=cfg.conversation_id,
+                timeout_s=cfg.timeout_s,
+            )
         main = LegResult(leg=name, records=[], errors=[])
         plan = await plan_bound(session, ep, cfg, name, model)
         bound = LegResult(leg=BOUND, records=[], errors=[]) if plan.url else None

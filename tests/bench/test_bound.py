@@ -212,15 +212,15 @@ def test_the_off_leg_has_no_bound() -> None:
     assert [r.leg for r in results] == ["off"] and results[0].notes == []
 
 
-def test_no_conversation_id_sends_none_for_the_router_to_find_by_history(tmp_path: Path) -> None:
+def test_no_conversation_id_sends_none_for_the_router_to_find_by_history_warm_up_included(tmp_path: Path) -> None:
     with ThreadedFake(FakeRouter(first_token_delay=0.0, token_delay=0.0)) as fake:
         args = _args(
-            "--url", fake.url, "--lengths", "50", *WORKLOAD, "--out", str(tmp_path), "--no-warmup", "--no-bound",
+            "--url", fake.url, "--lengths", "50", *WORKLOAD, "--out", str(tmp_path), "--no-bound",
             "--no-conversation-id",
         )  # fmt: skip
         assert args.run(args) == 0
         router = fake.fake
-    assert len(router.bodies) == 2 * 3
+    assert len(router.bodies) == 2 + 2 * 3  # the warm-up conversation's two turns, then the point's
     assert not any("conversation_id" in b for b in router.bodies)
     assert not any("X-Session-ID" in h for h in router.headers)
     assert "--no-conversation-id" in cli._bench_args(args)
