@@ -103,15 +103,21 @@ class ReadCase:
         """We failed at answer `at` saying one of `phrases`; the reference read it."""
         pending = self.ref.end == PENDING and self.at == len(self.ref.replies) - 1  # (not read whole)
         took = len(self.ref.replies) > self.at and not pending
-        return self.ours.end == FAILED and len(self.ours.replies) == self.at and took and (
-            any(p in self.ours.detail for p in phrases)
+        return (
+            self.ours.end == FAILED
+            and len(self.ours.replies) == self.at
+            and took
+            and (any(p in self.ours.detail for p in phrases))
         )
 
     def ref_failed(self, *phrases: str) -> bool:
         """The reference failed at answer `at` saying one of `phrases`; we read it."""
         took = len(self.ours.replies) > self.at
-        return self.ref.end == FAILED and len(self.ref.replies) == self.at and took and (
-            any(p in self.ref.detail for p in phrases)
+        return (
+            self.ref.end == FAILED
+            and len(self.ref.replies) == self.at
+            and took
+            and (any(p in self.ref.detail for p in phrases))
         )
 
 
@@ -138,6 +144,19 @@ def http10_keep_alive(case: ReadCase) -> bool:
 def te_ows(case: ReadCase) -> bool:
     """llhttp keeps a trailing HTAB in Transfer-Encoding, so reads to the close; we read chunked."""
     return case.ref.end == PENDING and len(case.ours.replies) > case.at and bool(TE_TAB.search(case.data))
+
+
+def trailer_fields(case: ReadCase) -> bool:
+    """The reference refused a Content-Length among the trailers; we read and dropped them."""
+    return case.ref_failed("Content-Length can't be", "bad Content-Length", "conflicting Content-Length")
+
+
+_INTERIM = re.compile(rb"HTTP/1\.[01] 1[0-9][0-9] ")
+
+
+def interim_close(case: ReadCase) -> bool:
+    """llhttp took an interim answer (1xx) that says close as the connection's last; we skipped it."""
+    return case.ref_failed("Data after `Connection: close`") and _INTERIM.search(case.data) is not None
 
 
 def close_wins(case: ReadCase) -> bool:

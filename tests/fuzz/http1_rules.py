@@ -8,7 +8,16 @@ import re
 
 from pdx.controller.http1 import MAX_BODY
 
-from .differ import CL_ZEROS, ReadCase, ReadRule, close_wins, http10_keep_alive, te_ows
+from .differ import (
+    CL_ZEROS,
+    ReadCase,
+    ReadRule,
+    close_wins,
+    http10_keep_alive,
+    interim_close,
+    te_ows,
+    trailer_fields,
+)
 
 BOTH = ("h11", "llhttp")
 _CL_BIG = re.compile(rb"(?i)content-length:[ \t]*0*[1-9][0-9]{18}")
@@ -18,15 +27,6 @@ def _too_big(case: ReadCase) -> bool:
     got = case.ref.replies[case.at] if len(case.ref.replies) > case.at else None
     big = (got is not None and len(got.body) > MAX_BODY) or bool(_CL_BIG.search(case.data))
     return case.ours_failed("an answer above") and big
-
-
-def _trailer_fields(case: ReadCase) -> bool:
-    return case.ref_failed("Content-Length can't be", "bad Content-Length", "conflicting Content-Length")
-
-
-def _interim_close(case: ReadCase) -> bool:
-    interim = re.search(rb"HTTP/1\.[01] 1[0-9][0-9] ", case.data)
-    return case.ref_failed("Data after `Connection: close`") and interim is not None
 
 
 RULES: tuple[ReadRule, ...] = (
@@ -47,13 +47,13 @@ RULES: tuple[ReadRule, ...] = (
     ("chunk-ext-syntax", ("llhttp",), "chunk extensions are ignored, their syntax unchecked but for controls "
      "(as h11); llhttp checks their names and values", lambda c: c.ref_failed("chunk extension")),
     ("trailer-fields", BOTH, "trailers are read and dropped, never framing: llhttp refuses a Content-Length "
-     "among them, h11 one it cannot read", _trailer_fields),
+     "among them, h11 one it cannot read", trailer_fields),
     ("te-ows", ("llhttp",), "RFC 9110 §5.5: whitespace around a value is not part of it; llhttp keeps a "
      "trailing HTAB in Transfer-Encoding", te_ows),
     ("http10-keep-alive", ("h11",), "an HTTP/1.0 answer saying keep-alive keeps the connection (as "
      "llhttp); h11 closes every HTTP/1.0 one", http10_keep_alive),
     ("interim-close", ("llhttp",), "an interim answer (1xx) is skipped for the final one even when it says "
-     "close (HTTP/1.0, Connection: close); llhttp takes it as the connection's last", _interim_close),
+     "close (HTTP/1.0, Connection: close); llhttp takes it as the connection's last", interim_close),
     ("close-wins", ("llhttp",), "RFC 9112 §9.3: close ends the connection whatever else Connection says; "
      "llhttp keeps an HTTP/1.0 one that says keep-alive too", close_wins),
     ("answer-size", ("h11",), f"an answer above {MAX_BODY} bytes (a quarter of the operator's memory limit), or "

@@ -3,9 +3,16 @@
 
 from __future__ import annotations
 
-import re
-
-from .differ import CL_ZEROS, ReadCase, ReadRule, close_wins, http10_keep_alive, te_ows
+from .differ import (
+    CL_ZEROS,
+    ReadCase,
+    ReadRule,
+    close_wins,
+    http10_keep_alive,
+    interim_close,
+    te_ows,
+    trailer_fields,
+)
 from .outcome import FAILED
 from .wire_driver import read
 
@@ -36,15 +43,6 @@ def _judged_whole(case: ReadCase) -> bool:
     return whole.end == FAILED and "closed the connection" not in whole.detail
 
 
-def _trailer_fields(case: ReadCase) -> bool:
-    return case.ref_failed("Content-Length can't be", "bad Content-Length", "conflicting Content-Length")
-
-
-def _interim_close(case: ReadCase) -> bool:
-    interim = re.search(rb"HTTP/1\.[01] 1[0-9][0-9] ", case.data)
-    return case.ref_failed("Data after `Connection: close`") and interim is not None
-
-
 RULES: tuple[ReadRule, ...] = (
     ("status-line", BOTH, "HTTP/1.0 or 1.1, a status of 100-999 and a reason without controls, nothing before "
      "it; h11 takes any HTTP/d.d, llhttp skips empty lines first", lambda c: c.ours_failed("status line")),
@@ -64,7 +62,7 @@ RULES: tuple[ReadRule, ...] = (
     ("no-byte-after", ("llhttp",), "a connection that sent anything after the answer, even a CRLF, is not "
      "reused", _crlf_after),
     ("trailer-fields", BOTH, "trailers are read and dropped, never framing: llhttp refuses a Content-Length "
-     "among them, h11 one it cannot read", _trailer_fields),
+     "among them, h11 one it cannot read", trailer_fields),
     ("head-size", BOTH, "answer headers above 64 KiB fail (h11 is given 1 MiB here, llhttp has no bound)",
      lambda c: c.ours_failed("answer headers above")),
     ("judged-whole", ("h11",), "a line is read up to its CRLF: the reference may take a bare LF", _judged_whole),
@@ -73,7 +71,7 @@ RULES: tuple[ReadRule, ...] = (
     ("http10-keep-alive", ("h11",), "an HTTP/1.0 answer saying keep-alive keeps the connection (as "
      "llhttp); h11 closes every HTTP/1.0 one", http10_keep_alive),
     ("interim-close", ("llhttp",), "an interim answer (1xx) is skipped for the final one even when it says "
-     "close (HTTP/1.0, Connection: close); llhttp takes it as the connection's last", _interim_close),
+     "close (HTTP/1.0, Connection: close); llhttp takes it as the connection's last", interim_close),
     ("close-wins", ("llhttp",), "RFC 9112 §9.3: close ends the connection whatever else Connection says; "
      "llhttp keeps an HTTP/1.0 one that says keep-alive too", close_wins),
 )  # fmt: skip
