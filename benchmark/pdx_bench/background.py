@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from .client import HDR_REUSE, request_body
+from .client import HDR_REUSE, request_body, sse_chunks
 from .workload import TokenCounter, filler
 
 
@@ -197,14 +197,8 @@ class BackgroundStreams:
                 if resp.status != 200:
                     rec.error = (await resp.text())[:500]
                     return
-                async for raw in resp.content:
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        break
-                    self._absorb(rec, orjson.loads(payload))
+                async for chunk in sse_chunks(resp):
+                    self._absorb(rec, chunk)
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
             rec.error = repr(exc)
             return

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +70,18 @@ def request_body(
     return body
 
 
+async def sse_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[Any]:
+    """The JSON of each `data:` event of a streamed answer, up to `[DONE]`."""
+    async for raw in resp.content:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            return
+        yield orjson.loads(payload)
+
+
 def _float(v: str | None) -> float | None:
     try:
         return float(v) if v is not None else None
@@ -102,14 +114,8 @@ async def chat(
             if resp.status != 200:
                 reply.error = (await resp.text())[:500]
                 return reply
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    break
-                _absorb(reply, orjson.loads(payload), start)
+            async for chunk in sse_chunks(resp):
+                _absorb(reply, chunk, start)
     except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
         reply.error = repr(exc)
         return reply
