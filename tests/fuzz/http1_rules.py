@@ -8,16 +8,7 @@ import re
 
 from pdx.controller.http1 import MAX_BODY
 
-from .differ import (
-    CL_ZEROS,
-    ReadCase,
-    ReadRule,
-    close_wins,
-    http10_keep_alive,
-    interim_close,
-    te_ows,
-    trailer_fields,
-)
+from .differ import CL_ZEROS, ReadCase, ReadRule, close_wins, http10_keep_alive, interim_close, te_ows, trailer_fields
 
 BOTH = ("h11", "llhttp")
 _CL_BIG = re.compile(rb"(?i)content-length:[ \t]*0*[1-9][0-9]{18}")

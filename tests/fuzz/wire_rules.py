@@ -3,16 +3,7 @@
 
 from __future__ import annotations
 
-from .differ import (
-    CL_ZEROS,
-    ReadCase,
-    ReadRule,
-    close_wins,
-    http10_keep_alive,
-    interim_close,
-    te_ows,
-    trailer_fields,
-)
+from .differ import CL_ZEROS, ReadCase, ReadRule, close_wins, http10_keep_alive, interim_close, te_ows, trailer_fields
 from .outcome import FAILED
 from .wire_driver import read
 
