@@ -13,8 +13,10 @@ the largest suffix up to which every point, at every history length, meets both.
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from .background import StreamRecord, read_streams
 from .points import PointStats, cell, point_stats
 from .points import to_json as point_json
 from .records import RequestRecord, read_records
-from .report import markdown
+from .report import markdown, percentile
 
 TTFT_TARGET = 0.7  # local TTFT p50 / D->P TTFT p50, at most
 TPOT_TARGET = 0.10  # the background streams' TPOT p90 rise, at most
@@ -37,6 +39,27 @@ class Targets:
 
 
 ISSUE_TARGETS = Targets()  # issue 33's
+INTERVAL = 0.9  # the TPOT rise's bootstrap interval
+DRAWS = 2000
+
+
+def rise_interval(
+    dp: Sequence[float], local: Sequence[float], level: float = INTERVAL, draws: int = DRAWS
+) -> tuple[float, float]:
+    """A bootstrap interval for p90(local) / p90(dp) - 1: each side resampled with replacement.
+
+    A p90 of a few dozen per-turn values moves a lot between runs (on the H200, +13% between
+    two legs whose turns all took the same path), so the point estimate alone cannot say
+    whether a rise is within 10%. Seeded: the same records give the same interval."""
+    if not dp or not local:
+        return float("nan"), float("nan")
+    rng = random.Random(0)
+    rises = sorted(
+        percentile(rng.choices(local, k=len(local)), 90) / percentile(rng.choices(dp, k=len(dp)), 90) - 1
+        for _ in range(draws)
+    )
+    tail = (1 - level) / 2
+    return percentile(rises, 100 * tail), percentile(rises, 100 * (1 - tail))
 
 
 @dataclass(frozen=True)
@@ -52,6 +75,11 @@ class Comparison:
     def ratio(self) -> float:
         """local TTFT p50 over D->P's."""
         return self.local.ttft_p50 / self.dp.ttft_p50 if self.dp.ttft_p50 > 0 else float("nan")
+
+    @cached_property
+    def tpot_rise_interval(self) -> tuple[float, float]:
+        """The rise's bootstrap interval (see rise_interval); NaNs: not measured."""
+        return rise_interval(self.dp.tpots, self.local.tpots)
 
     @property
     def tpot_rise(self) -> float:
@@ -135,6 +163,12 @@ def choose_threshold(comparisons: Sequence[Comparison], targets: Targets = ISSUE
             f"Suffixes of at most {SHORT_SUFFIX} tokens: local TTFT p50 at most {targets.ttft_ratio:.2f}x D->P's at "
             f"{met} of {len(short)} points."
         )
+    if tpot_measured:
+        spans = [c for c in comparisons if c.tpot_rise_interval[0] <= targets.tpot_rise <= c.tpot_rise_interval[1]]
+        why.append(
+            f"At {len(spans)} of {len(comparisons)} points the TPOT rise's {INTERVAL:.0%} interval holds "
+            f"{targets.tpot_rise * 100:.0f}%: there this run cannot tell the rise from the target."
+        )
     for prefix in histories:
         own, _ = _passing_up_to([c for c in comparisons if c.prefix == prefix], targets)
         why.append(f"At {prefix} tokens of history alone: up to {own or 'none'}.")
@@ -145,12 +179,17 @@ def choose_threshold(comparisons: Sequence[Comparison], targets: Targets = ISSUE
 
 HEADERS = (
     "suffix tokens", "new tok", "D->P TTFT p50/p90", "local TTFT p50/p90", "local/D->P", "local turns",
-    "TPOT p90 D->P", "TPOT p90 local", "ITL p99 D->P / local", "verdict",
+    "TPOT p90 D->P", "TPOT p90 local", "rise 90% interval", "ITL p99 D->P / local", "verdict",
 )  # fmt: skip
 
 
 def _pair(a: float, b: float) -> str:
     return f"{cell(a)} / {cell(b)}"
+
+
+def _interval(bounds: tuple[float, float]) -> str:
+    lo, hi = bounds
+    return "-" if lo != lo else f"{lo * 100:+.0f}% .. {hi * 100:+.0f}%"
 
 
 def table(comparisons: Sequence[Comparison], targets: Targets) -> str:
@@ -168,6 +207,7 @@ def table(comparisons: Sequence[Comparison], targets: Targets) -> str:
                 f"{c.local.outcomes.get('local', 0)}/{c.local.n}",
                 cell(c.dp.tpot_p90, "{:.2f}"),
                 cell(c.local.tpot_p90, "{:.2f}") + rise,
+                _interval(c.tpot_rise_interval),
                 f"{cell(c.dp.itl_p99, '{:.1f}')} / {cell(c.local.itl_p99, '{:.1f}')}",
                 "; ".join(failures) or "meets both",
             )
@@ -181,7 +221,8 @@ NOTE = (
     "the conversation. new tok: median prompt tokens beyond what decode held, from the D->P leg's hits (prompt - "
     "reused): what the router weighs against the threshold. local turns: follow-up turns answered with "
     "`X-PDX-Reuse: local`. TPOT p90: the background streams' mean time per token during each follow-up turn, "
-    "p90 over stream requests and turns; in brackets its rise over D->P. ITL p99: the streams' longest "
+    "p90 over stream requests and turns; in brackets its rise over D->P; beside it the rise's 90% bootstrap "
+    "interval. ITL p99: the streams' longest "
     "inter-token gaps during those turns, the stall one prefill in decode's batch causes."
 )
 
@@ -234,6 +275,7 @@ def write_report(
                 "suffix_tokens": c.suffix,
                 "ratio": _num(c.ratio),
                 "tpot_rise": _num(c.tpot_rise),
+                "tpot_rise_interval": [_num(v) for v in c.tpot_rise_interval],
                 "failures": c.failures(targets),
                 "dp": point_json(c.dp),
                 "local": point_json(c.local),

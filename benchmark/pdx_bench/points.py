@@ -65,6 +65,7 @@ class PointStats:
     tpot_p50: float = float("nan")
     tpot_p90: float = float("nan")
     itl_p99: float = float("nan")  # the streams' inter-token gaps during those turns
+    tpots: tuple[float, ...] = ()  # the stream TPOTs taken, for intervals
     streams: int = 0  # background stream requests of the leg
     live: int | None = None  # conversations live at once (--live)
     sources: TokenSources | None = None  # where prefill's prompt tokens came from
@@ -113,6 +114,7 @@ def point_stats(
                 tpot_p50=percentile(tpots, 50),
                 tpot_p90=percentile(tpots, 90),
                 itl_p99=percentile(gaps, 99),
+                tpots=tuple(tpots),
                 streams=len(leg_streams),
                 live=live,
                 sources=token_sources((engines or {}).get(key), first),

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import random
 from pathlib import Path
 
 import pytest
 
 from pdx_bench import cli
 from pdx_bench.background import StreamRecord, write_streams
-from pdx_bench.decodelocal import ISSUE_TARGETS, Targets, choose_threshold, compare, write_report
+from pdx_bench.decodelocal import ISSUE_TARGETS, Targets, choose_threshold, compare, rise_interval, write_report
 from pdx_bench.points import point_stats
 from pdx_bench.records import RequestRecord, write_records
 
@@ -126,8 +127,9 @@ def test_the_report_has_a_table_per_history_length_and_the_chosen_threshold(tmp_
     md = files["report"].read_text()
     assert "decode-local" in md and choice.threshold == 1024 and choice.why[0] in md
     assert "## 8000 tokens of history" in md and "## 16000 tokens of history" in md
-    assert "| 1024 | 1024 | 200 / 200 | 130 / 130 | 0.65x | 2/2 | 5.00 | 5.00 (+0%) | 5.0 / 5.0 | meets both |" in md
-    assert "| 2048 | 2048 | 200 / 200 | 160 / 160 | 0.80x | 2/2 | 5.00 | 6.00 (+20%) | 5.0 / 6.0 |" in md
+    row = "| 1024 | 1024 | 200 / 200 | 130 / 130 | 0.65x | 2/2 | 5.00 | 5.00 (+0%) | +0% .. +0% | 5.0 / 5.0 |"
+    assert f"{row} meets both |" in md
+    assert "| 2048 | 2048 | 200 / 200 | 160 / 160 | 0.80x | 2/2 | 5.00 | 6.00 (+20%) | +20% .. +20% | 5.0 / 6.0 |" in md
     data = files["json"].read_text()
     assert '"threshold": 1024' in data
 
@@ -153,3 +155,25 @@ def test_the_subcommand_refuses_a_directory_without_the_legs_records(
     args = _args("report-decode-local", str(tmp_path))
     assert args.run(args) == 2
     assert "records-dp.json" in capsys.readouterr().err
+
+
+def _noisy(n: int, scale: float, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    return [scale * (6.0 + rng.uniform(-1.0, 1.0)) for _ in range(n)]
+
+
+def test_the_rise_interval_holds_no_rise_for_two_samples_of_one_distribution() -> None:
+    lo, hi = rise_interval(_noisy(30, 1.0, 1), _noisy(30, 1.0, 2))
+    assert lo < 0 < hi and hi - lo > 0.05
+    assert rise_interval(_noisy(30, 1.0, 1), _noisy(30, 1.0, 2)) == (lo, hi)  # seeded
+
+
+def test_the_rise_interval_excludes_the_target_for_a_clear_rise() -> None:
+    lo, hi = rise_interval(_noisy(200, 1.0, 1), _noisy(200, 1.3, 2))
+    assert 0.10 < lo < hi and abs((lo + hi) / 2 - 0.30) < 0.05
+
+
+def test_the_threshold_reasons_count_the_points_whose_interval_holds_the_target() -> None:
+    _, why = _choice(_sweep(RATIOS, {(8000, 2048): 0.2}))
+    points = len(HISTORIES) * len(SUFFIXES)
+    assert f"At 0 of {points} points the TPOT rise's 90% interval holds 10%" in " ".join(why)
