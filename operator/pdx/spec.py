@@ -365,9 +365,9 @@ class RouterSpec(_Spec):
     """A follow-up turn whose new tokens (beyond what its conversation's decode holds) are at most
     this is prefilled on that decode, from its own prefix cache: no prefill hop, no D->P read.
     0: every turn goes through prefill. Unset: 1024 on GPUs, 0 on CPU. On an H200 a local turn of
-    128-1024 new tokens answered in 0.36-0.60x the D->P path's TTFT at 8k-24k tokens of history
+    128-1024 new tokens answered in 0.38-0.60x the D->P path's TTFT at 8k-24k tokens of history
     (docs/results/h200-2026-12-04). A local prefill delays the next token of every stream that
-    decode generates: there one eager step of 30-45 ms whatever the suffix, +2-18% on the streams'
+    decode generates: there one eager step of 30-45 ms whatever the suffix, +3-36% on the streams'
     TPOT p90 during the turn; GPU decodes now capture CUDA graphs large enough for it (unmeasured).
     Hence the bound and decodeLocalMaxBusy."""
     decode_local_max_busy: int = Field(default=4, ge=1)
