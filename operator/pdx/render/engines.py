@@ -73,7 +73,7 @@ def decode_graph_size(target: Target) -> int:
     """The largest batch, in tokens, that a GPU decode captures as a CUDA graph (see above)."""
     spec = target.spec
     tokens = GPU_DECODE_LOCAL_MAX_TOKENS + (spec.block_size or 0) + GRAPH_SIZE_STEP
-    return max(VLLM_MAX_GRAPH_SIZE, -(-tokens // GRAPH_SIZE_STEP) * GRAPH_SIZE_STEP)
+    return max(VLLM_MAX_GRAPH_SIZE, math.ceil(tokens / GRAPH_SIZE_STEP) * GRAPH_SIZE_STEP)
 
 
 def graph_args(target: Target, role: Role) -> list[str]:
