@@ -149,7 +149,7 @@ def add_parser(sub: Any) -> None:
         default=[],
         metavar="NAME:FIELD=VALUE[,...]",
         help="a leg of this name on the resource with spec fields set, e.g. "
-        "local:router.decodeLocalMaxTokens=8192 (repeatable, in order; instead of --legs; no bound)",
+        "local:router.decodeLocalMaxTokens=8192 (repeatable, in order, after any --legs; no bound)",
     )
     p.add_argument(
         "--set",
@@ -445,9 +445,6 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"pdx bench: {err}", file=sys.stderr)
         return 2
-    if args.named_legs and args.legs:
-        print("pdx bench: --leg and --legs are alternatives", file=sys.stderr)
-        return 2
     if args.sets and (args.url or args.cluster):
         print("pdx bench: --set edits the local resource; in a cluster, edit it there", file=sys.stderr)
         return 2
@@ -457,15 +454,15 @@ def main(args: argparse.Namespace) -> int:
         for role, url in args.engine_url:
             engines.setdefault(role, []).append(url)
         target = UrlTarget(args.url, engines)
-        legs: list[LegArg] = args.named_legs or args.legs or [None]
+        legs: list[LegArg] = [*(args.legs or []), *args.named_legs] or [None]
     elif args.cluster:
         target = _cluster_target(args, doc)
-        legs = args.named_legs or args.legs or [False, True]
+        legs = [*(args.legs or []), *args.named_legs] or [False, True]
     else:
         assert doc is not None
         doc = with_changes(doc, [change for changes in args.sets for change in changes])
         target = LocalTarget(doc, args.state_dir, fresh_engines=args.fresh_engines)
-        legs = args.named_legs or args.legs or [False, True]
+        legs = [*(args.legs or []), *args.named_legs] or [False, True]
         limit = doc.get("spec", {}).get("model", {}).get("maxModelLen")
         longest = spec.with_prefix(max(args.lengths))
         need = max(s.last_turn_tokens() for s in [longest.with_new_tokens(n) for n in args.suffix_tokens] or [longest])
@@ -655,7 +652,11 @@ def execute(
         sections.append(("Where ON's TTFT goes (ms)", f"{table}\n\n{BREAKDOWN_NOTE}"))
     streams = [s for leg in results for s in leg.background]
     point_engines = {(leg.leg, p.length, p.suffix, p.live): g for leg in results for p, g in leg.points.items()}
-    per_point = point_stats(records, streams, engines=point_engines)
+    point_held = {(leg.leg, p.length, p.suffix, p.live): h for leg in results for p, h in leg.held.items()}
+    capacity = {leg.leg: leg.capacity.get("decode", []) for leg in results}
+    per_point = point_stats(
+        records, streams, engines=point_engines, held_by_point=point_held, decode_capacity=capacity
+    )
     per_point_shown = bool(
         cfg.suffixes or cfg.live or cfg.background is not None or any(leg.named for leg in cfg.leg_list())
     )

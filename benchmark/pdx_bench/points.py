@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from .background import StreamRecord, window_tpots
 from .enginemetrics import COMPUTE, EXTERNAL, LOCAL_HIT, GroupEngines, sources
+from .held import HeldFigures, overcommit
 from .records import RequestRecord
 from .report import markdown, percentile
 
@@ -69,6 +70,9 @@ class PointStats:
     streams: int = 0  # background stream requests of the leg
     live: int | None = None  # conversations live at once (--live)
     sources: TokenSources | None = None  # where prefill's prompt tokens came from
+    ttft_p99: float = float("nan")
+    overcommit: float | None = None  # the point's held demand over decode's KV capacity
+    held: HeldFigures | None = None  # decode's releases and requests that waited behind held KV
 
     def share(self, outcome: str) -> float:
         return self.outcomes.get(outcome, 0) / self.n if self.n else 0.0
@@ -83,9 +87,13 @@ def point_stats(
     streams: Sequence[StreamRecord] = (),
     min_turn: int = 2,
     engines: Mapping[PointKey, GroupEngines] | None = None,
+    held_by_point: Mapping[PointKey, HeldFigures] | None = None,
+    decode_capacity: Mapping[str, Sequence[int | None]] | None = None,
 ) -> list[PointStats]:
     """One row per (leg, prefix, suffix, live) with follow-up turns, in the order they ran;
-    `engines`: each point's engine figures (for where prefill's tokens came from)."""
+    `engines`: each point's engine figures (for where prefill's tokens came from); `held_by_point`:
+    decode's held-KV counters' change per point; `decode_capacity`: per leg, each decode's KV
+    tokens (for the overcommit factor)."""
     keys: list[PointKey] = []
     for r in sorted(records, key=lambda r: r.start_time_ms):
         key = _key(r)
@@ -94,7 +102,8 @@ def point_stats(
     out = []
     for key in keys:
         leg, prefix, suffix, live = key
-        group = [r for r in records if _key(r) == key and r.turn >= min_turn]
+        everything = [r for r in records if _key(r) == key]
+        group = [r for r in everything if r.turn >= min_turn]
         first = sum(float(r.input_num_tokens) for r in records if _key(r) == key and r.turn < min_turn)
         ttft = [r.ttft_ms for r in group]
         held = [float(r.input_num_tokens - r.reused_tokens) for r in group if r.reuse == "hit" and r.reused_tokens]
@@ -118,6 +127,9 @@ def point_stats(
                 streams=len(leg_streams),
                 live=live,
                 sources=token_sources((engines or {}).get(key), first),
+                ttft_p99=percentile(ttft, 99),
+                overcommit=overcommit(everything, (decode_capacity or {}).get(leg, ())),
+                held=(held_by_point or {}).get(key),
             )
         )
     return out
@@ -143,9 +155,13 @@ def source_mix(p: PointStats) -> str:
 
 
 HEADERS = (
-    "leg", "prefix", "suffix", "live", "n", "TTFT p50", "TTFT p90", "outcomes", "P cache/D->P/computed %",
-    "new tok", "TPOT p50", "TPOT p90", "ITL p99", "TPOT n",
+    "leg", "prefix", "suffix", "live", "n", "TTFT p50", "TTFT p90", "TTFT p99", "outcomes", "P cache/D->P/computed %",
+    "new tok", "TPOT p50", "TPOT p90", "ITL p99", "TPOT n", "overcommit", "released/waited",
 )  # fmt: skip
+
+
+def held_cell(p: PointStats) -> str:
+    return "-" if p.held is None else f"{p.held.releases}/{p.held.waited}"
 
 
 def table_rows(points: Sequence[PointStats]) -> list[tuple[str, ...]]:
@@ -158,6 +174,7 @@ def table_rows(points: Sequence[PointStats]) -> list[tuple[str, ...]]:
             str(p.n),
             cell(p.ttft_p50),
             cell(p.ttft_p90),
+            cell(p.ttft_p99),
             outcome_mix(p),
             source_mix(p),
             cell(p.new_tokens),
@@ -165,6 +182,8 @@ def table_rows(points: Sequence[PointStats]) -> list[tuple[str, ...]]:
             cell(p.tpot_p90, "{:.2f}"),
             cell(p.itl_p99, "{:.1f}"),
             str(p.tpot_n),
+            cell(p.overcommit, "{:.1f}x"),
+            held_cell(p),
         )
         for p in points
     ]
@@ -177,7 +196,10 @@ NOTE = (
     "new tok: median "
     "prompt tokens beyond what decode held (hits: prompt - reused). TPOT: the background streams' mean time per "
     "token during each follow-up turn (one value per stream request and turn, at least 4 gaps); ITL p99: their "
-    "inter-token gaps during those turns; TPOT n: how many values. `-`: not measured."
+    "inter-token gaps during those turns; TPOT n: how many values. overcommit: the point's conversations' "
+    "longest turns (prompt + answer) over decode's KV capacity. released/waited: holds decode released under "
+    "pressure, and requests it refused blocks while it kept held KV, during the point (its POST /v1/pdx/holds). "
+    "`-`: not measured."
 )
 
 
@@ -204,6 +226,10 @@ def to_json(p: PointStats) -> dict[str, object]:
         "itl_p99": num(p.itl_p99),
         "background_requests": p.streams,
         "live": p.live,
+        "ttft_p99": num(p.ttft_p99),
+        "overcommit": p.overcommit,
+        "releases": None if p.held is None else p.held.releases,
+        "waited_on_held": None if p.held is None else p.held.waited,
         "sources": None
         if p.sources is None
         else {"local": p.sources.local, "remote": p.sources.remote, "computed": p.sources.computed},

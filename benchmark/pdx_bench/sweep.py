@@ -24,6 +24,7 @@ import aiohttp
 from .background import BackgroundSpec, BackgroundStreams, StreamRecord
 from .client import RunResult, run
 from .enginemetrics import EngineScraper, GroupEngines, accumulate, snapshot_delta, xfer_totals
+from .held import HeldFigures, read_holds
 from .records import RequestRecord, spread_group_transfer
 from .workload import TokenCounter, Workload, WorkloadSpec, build
 
@@ -444,6 +445,7 @@ class LegResult:
     background: list[StreamRecord] = field(default_factory=list)
     points: dict[Point, GroupEngines] = field(default_factory=dict)  # each point's engine figures
     capacity: dict[str, list[int | None]] = field(default_factory=dict)  # KV tokens per engine, per role
+    held: dict[Point, HeldFigures] = field(default_factory=dict)  # decode's held-KV counters' change per point
 
 
 async def _model_name(session: aiohttp.ClientSession, url: str) -> str:
@@ -625,9 +627,14 @@ async def run_leg(
                 workload = build(
                     replace(spec, text_salt=salt + point.salt), counter, label=f"{run_id}-{name}{point.label}"
                 )
+                decodes = ep.engine_urls.get("decode", [])
+                before = await read_holds(session, decodes)
                 res, engines = await _group(
                     session, scraper, ep.router_url, model, workload, counter, cfg, name, progress
                 )
+                after = await read_holds(session, decodes) if before is not None else None
+                if before is not None and after is not None:
+                    main.held[point] = after.since(before)
                 main.engines[length] = _pooled(main.engines.get(length), engines)
                 main.points[point] = engines
                 main.records += _at_point(res.records, point)

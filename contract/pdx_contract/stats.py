@@ -30,6 +30,8 @@ class ReuseCounts(_Read):
     below_threshold: int = 0
     local: int = 0
     """Turns prefilled on the decode that held their conversation (decodeLocalMaxTokens)."""
+    released: int = 0
+    """Turns whose held KV decode had released under memory pressure: plain P/D."""
 
     def with_entry(self) -> int:
         return sum(getattr(self, o) for o in WITH_ENTRY)

@@ -24,6 +24,9 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Bidirectional", "type": "boolean", "jsonPath": ".spec.kvTransfer.bidirectional"},
     {"name": "TTL", "type": "integer", "jsonPath": ".spec.kvTransfer.decoderKvBlocksTtlSeconds"},
     {"name": "Threshold", "type": "integer", "jsonPath": ".spec.kvTransfer.kvRecomputeThreshold"},
+    # kubectl get -o wide: reuse, and returning turns whose held KV decode released under pressure
+    {"name": "Hit-Rate", "type": "number", "jsonPath": ".status.reuse.hitRate", "priority": 1},
+    {"name": "Released", "type": "integer", "jsonPath": ".status.reuse.released", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -237,6 +237,10 @@ class KvTransferSpec(_Spec):
     prefill declines a read within 5 s of expiry, so a shorter TTL could never be reused)."""
     kv_recompute_threshold: int = Field(default=64, ge=0)
     """kv_recompute_threshold: fewest reusable tokens worth a remote read instead of recompute."""
+    release_under_pressure: bool = True
+    """Held KV is a cache: when a request would wait for KV blocks, decode first releases held turns
+    the router has not claimed for a read, least recently used first (pdx's engine plugin); their next
+    turn is `released` and recomputed. Off: held turns stay until read or past the TTL, and new work waits."""
     kv_lease_duration_seconds: int = Field(default=120, ge=MIN_KV_LEASE_SECONDS, le=MAX_KV_LEASE_SECONDS)
     """kv_lease_duration: seconds prefill holds a finished prefill's blocks for decode to read (vLLM: 30).
     Decode's heartbeats renew it (every 1/6 of it, by 2/3 of it), but only once decode's scheduler has the request.
@@ -641,6 +645,9 @@ class ReuseStatus(_Status):
     """Turns that reused decode's KV: read back by prefill (D->P), or prefilled on that decode."""
     expired: int = 0
     """Entries past the router's deadline when the next turn came."""
+    released: int = 0
+    """Turns whose held KV decode had released under memory pressure (recomputed): above a few
+    percent of hits, decode's KV is too small for the conversations live within the TTL; add decode replicas."""
     recommended_ttl_seconds: int | None = None
     """decoderKvBlocksTtlSeconds that would cover the observed inter-turn gaps (p95 + margin); advice only."""
 

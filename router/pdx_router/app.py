@@ -18,6 +18,7 @@ import orjson
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from pdx_contract import holds as held_kv
 from pdx_contract import kv_prefix
 from pdx_contract.stats import Holding
 
@@ -33,7 +34,8 @@ from .filters import StreamFilter, filter_response, well_formed_kv
 from .front import Answer, Request, Routes, Server, Stream, error_body, json_answer
 from .ids import IdText, of_list
 from .metrics import Metrics
-from .policy import Outcome, engines, local, retry, reuse, shapes
+from .policy import Outcome, engines, holds, local, retry, reuse, shapes
+from .policy.holds import Claim
 from .policy.retry import Attempt, Hop, Retry
 from .policy.reuse import IdsSource, PromptIds, TurnPlan
 from .policy.shapes import ClientRequest
@@ -69,9 +71,21 @@ class Prefilled:
     started: float  # perf_counter() when the request arrived
 
 
+Pinned = tuple[Endpoint, str]  # a decode, and the hold on it the router claimed (policy.holds)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A try after its claim on decode's held KV, and the claim to drop once prefill answered."""
+
+    attempt: Attempt
+    pinned: Pinned | None  # when decode pinned the hold
+
+
 class Router:
     def __init__(self, cfg: RouterConfig, store: Store | None = None) -> None:
         self.cfg = cfg
+        self._background: set[asyncio.Task[Any]] = set()
         self.chat_tokens = ChatTokenizer.from_dir(cfg.tokenizer) if cfg.tokenizer else None
         self.trust = TokenizerTrust()
         self.pool = Pool()
@@ -272,21 +286,24 @@ class Router:
                     holder.healthy = False
                 log.info("local turn failed on %s (%s); through prefill instead", holder.url, exc.status)
                 attempt = fallback.attempt
+        claimed = await self._claim(attempt, ask) if attempt.reuse else None
+        if claimed is not None:
+            attempt = claimed.attempt
         while True:
             if attempt.retried:
                 gen = self._generation()
                 prefill = engines.choose_prefill(self.pool.endpoints, gen, ask.affinity) or prefill
+            pinned, claimed = (claimed.pinned if claimed is not None else None), None
             decode = engines.choose_decode(self.pool.endpoints, gen, attempt.affinity)
             if decode is None:
+                if pinned is not None:
+                    self._drop_claim(pinned, ask)
                 raise NoEngines
             ppath, pbody = shapes.prefill_request(ask, attempt.kv, attempt.compared_ids)
             _log_hop("to prefill", prefill, pbody.get("kv_transfer_params"))
             t0 = time.perf_counter()
             try:
-                answer = await self._call(prefill, ppath, ask, pbody)
-                pkv = answer.get("kv_transfer_params")
-                if pkv is not None and not well_formed_kv(pkv):
-                    raise MalformedAnswer(prefill, 200, "kv_transfer_params of the wrong shape")
+                pkv = await self._prefill_hop(prefill, ppath, ask, pbody, pinned)
             except UpstreamError as exc:
                 again = self._after_failure(attempt, Hop.PREFILL, prefill, exc)
                 if again is None:
@@ -307,6 +324,60 @@ class Router:
                 if again is None:
                     raise
                 attempt = again.attempt
+
+    async def _prefill_hop(
+        self, prefill: Endpoint, path: str, ask: ClientRequest, body: dict[str, Any], pinned: Pinned | None
+    ) -> Any:
+        """Prefill's answer's kv_transfer_params; the claim on the hold it read is dropped once
+        prefill has answered (or never will): its read, if any, is over."""
+        try:
+            answer = await self._call(prefill, path, ask, body)
+            pkv = answer.get("kv_transfer_params")
+            if pkv is not None and not well_formed_kv(pkv):
+                raise MalformedAnswer(prefill, 200, "kv_transfer_params of the wrong shape")
+            return pkv
+        finally:
+            if pinned is not None:
+                self._drop_claim(pinned, ask)
+
+    async def _claim(self, attempt: Attempt, ask: ClientRequest) -> Claimed | None:
+        """Pin the held KV this try reads on the decode that holds it (policy.holds)."""
+        hold = holds.hold_id(attempt.kv)
+        decode = holds.holder(self.pool.endpoints, attempt.plan.affinity)
+        if hold is None or decode is None or decode.claims is False:
+            return None
+        status, body = await self._holds_call(decode, held_kv.HoldsRequest(claim=[hold]), ask)
+        claim = holds.read_answer(hold, status, body)
+        if claim is Claim.NO_VALVE and status in (404, 405):
+            decode.claims = False  # no route: this engine runs no valve; stop asking it
+        elif claim is Claim.UNREACHABLE:
+            decode.healthy = False  # until its next health check, as after a failed hop
+        self.metrics.claim(claim)
+        pinned = (decode, hold) if claim is Claim.HELD else None
+        return Claimed(holds.after_claim(attempt, claim), pinned)
+
+    async def _holds_call(self, decode: Endpoint, request: held_kv.HoldsRequest, ask: ClientRequest) -> tuple[int, Any]:
+        """POST /v1/pdx/holds: the status (0: no answer) and the JSON body, if any."""
+        try:
+            head, raw = await self.upstream.post(
+                decode, held_kv.PATH, orjson.dumps(request.to_json()), ask.headers, total=True
+            )
+            return head.status, orjson.loads(raw)
+        except ClientFacingError as exc:
+            return exc.status, None
+        except (UpstreamError, MalformedAnswer) as exc:
+            log.warning("claim on %s failed, no reuse this turn: %s", decode.url, exc)
+            return (0 if exc.status is None else exc.status), None
+        except orjson.JSONDecodeError:
+            return 200, None
+
+    def _drop_claim(self, pinned: Pinned, ask: ClientRequest) -> None:
+        """Let decode release the hold again, off the turn's path (a lost drop only keeps the
+        hold pinned until a read or the TTL frees it, as without pdx's valve)."""
+        decode, hold = pinned
+        task = asyncio.create_task(self._holds_call(decode, held_kv.HoldsRequest(release_claim=[hold]), ask))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _local_decode(self, ask: ClientRequest, plan: TurnPlan, gen: str) -> Endpoint | None:
         """The decode to prefill this turn on, if `local.decide` says so (each turn it could

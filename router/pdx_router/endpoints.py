@@ -23,4 +23,5 @@ class Endpoint:
     block_size: int | None = None
     draining: bool = False  # decodes nothing; its entries are still read (see PublishedEndpoint)
     names_held: bool = False  # a decode whose last answer named the tokens it holds (kv_prefix)
+    claims: bool | None = None  # answers claims on its held KV (policy.holds); False: no route, never asked again
     engine_load: int | None = None  # running + waiting requests, from its /metrics at the last health check

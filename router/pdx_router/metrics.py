@@ -11,6 +11,7 @@ from pdx_contract.stats import REUSE_OUTCOMES, FoundCounts, GapSummary, PromptId
 
 from . import NATIVE
 from .policy import FoundBy, Outcome, local
+from .policy.holds import Claim
 
 _LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _GAP_BUCKETS: Final = (1, 5, 10, 30, 60, 120, 240, 300, 450, 480, 600, 1200, 3600)
@@ -90,6 +91,14 @@ class Metrics:
             ["why"],
             registry=r,
         )
+        self.claims = Counter(
+            "pdx_router_held_kv_claims",
+            "Claims on decode's held KV before a read, by answer: held (pinned, read), gone (released"
+            " under memory pressure: the turn is `released`), no_valve (the engine never releases"
+            " early), failed (no answer: not read).",
+            ["answer"],
+            registry=r,
+        )
         self.upstream_errors = Counter("pdx_router_upstream_errors", "Engine errors by role.", ["role"], registry=r)
         self.store_errors = Counter(
             "pdx_router_store_errors",
@@ -119,6 +128,7 @@ class Metrics:
         for reason in CLOSE_REASONS:
             self.connections_closed.labels(reason)
         self._local_skip = {w: self.local_skip.labels(w.value) for w in local.SKIPPED}
+        self._claims = {c: self.claims.labels(c.value) for c in Claim}
         self._found = {b.value: 0 for b in FoundBy if b is not FoundBy.NONE}
         for by in self._found:
             self.found_by.labels(by)
@@ -139,6 +149,10 @@ class Metrics:
         if tokens:
             self._reused += tokens
             self.reused_tokens.inc(tokens)
+
+    def claim(self, answer: Claim) -> None:
+        """Decode's answer to a claim on the held KV a turn was about to read."""
+        self._claims[answer].inc()
 
     def local_skipped(self, why: local.Why) -> None:
         """A turn that could have been prefilled on its decode was not (OFF, NOT_HELD: uncounted)."""

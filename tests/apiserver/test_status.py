@@ -109,10 +109,14 @@ def test_kubectl_get_shows_the_columns_the_readme_names(api: Api, kube: Kube, na
         by_alias=True, exclude_none=True, mode="json"))  # fmt: skip
     code, table = api.request("GET", cr_path(namespace), accept=TABLE)
     assert code == 200 and table["kind"] == "Table", table
-    names = [c["name"] for c in table["columnDefinitions"]]
+    shown = [c for c in table["columnDefinitions"] if not c.get("priority")]
+    names = [c["name"] for c in shown]
     assert names[0] == "Name" and names[-1] == "Age"
     assert [n.upper() for n in names[1:-1]] == readme_columns()
+    wide = [c["name"] for c in table["columnDefinitions"] if c.get("priority")]
+    assert wide == ["Hit-Rate", "Released"]  # kubectl get -o wide
     (row,) = table["rows"]
-    name, *cells, age = row["cells"]
+    cells_by_name = dict(zip([c["name"] for c in table["columnDefinitions"]], row["cells"], strict=True))
+    name, *cells, age = [cells_by_name[n] for n in names]
     assert name == "qwen3-32b" and re.fullmatch(r"\d+s", age)
     assert cells == ["True", "2/2", "1/2", False, 600, 64]

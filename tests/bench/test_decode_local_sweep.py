@@ -110,10 +110,21 @@ def test_a_leg_flag_that_cannot_name_a_leg_is_refused(bad: str, capsys: pytest.C
     assert "--leg" in capsys.readouterr().err
 
 
-def test_named_legs_and_flipped_legs_are_alternatives(capsys: pytest.CaptureFixture[str]) -> None:
-    args = _args("-f", str(EXAMPLE), "--legs", "on", "--leg", "dp:router.decodeLocalMaxTokens=0")
-    assert args.run(args) == 2
-    assert "alternatives" in capsys.readouterr().err
+def test_named_legs_run_after_the_flipped_ones(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """`--legs off,on --leg pinned:...`: the overcommit run's three legs, OFF and ON first."""
+    seen: list[list[str]] = []
+
+    def sweep(target: Any, cfg: SweepConfig, *_: Any) -> list[Any]:
+        seen.append([leg.name for leg in cfg.leg_list()])
+        return []
+
+    monkeypatch.setattr(cli, "run_sweep", sweep)
+    args = _args(
+        "-f", str(EXAMPLE), "--out", str(tmp_path), "--legs", "off,on",
+        "--leg", "pinned:kvTransfer.releaseUnderPressure=false",
+    )  # fmt: skip
+    args.run(args)
+    assert seen == [["off", "on", "pinned"]]
 
 
 def test_the_longest_suffix_counts_against_max_model_len(capsys: pytest.CaptureFixture[str]) -> None:

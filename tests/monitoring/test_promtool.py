@@ -33,7 +33,9 @@ def s(metric: str, values: str, **labels: str) -> tuple[str, str]:
     return f"{metric}{{{body}}}", values
 
 
-def reuse(hit: str, expired: str = "0x120", declined: str = "0x120", miss: str = "0+100x120") -> Series:
+def reuse(
+    hit: str, expired: str = "0x120", declined: str = "0x120", miss: str = "0+100x120", released: str = "0x120"
+) -> Series:
     # Misses are many and steady: an expression that counted them would dilute every rate.
     return dict(
         [
@@ -41,6 +43,7 @@ def reuse(hit: str, expired: str = "0x120", declined: str = "0x120", miss: str =
             s(alerts.REUSE, expired, outcome="expired"),
             s(alerts.REUSE, declined, outcome="declined"),
             s(alerts.REUSE, miss, outcome="miss"),
+            s(alerts.REUSE, released, outcome="released"),
         ]
     )
 
@@ -79,6 +82,14 @@ CASES: dict[str, Case] = {
     "PdxReuseReadsExpiredOrDeclined": Case(
         firing=reuse(hit="0+6x120", expired="0+3x120", declined="0+1x120"),
         quiet=(reuse(hit="0+19x120", expired="0+1x120"),),
+        eval_time="40m",
+        labels=DI,
+    ),
+    # A third of returning turns released under pressure; the quiet one releases 5% (and expires
+    # as many: those are PdxReuseReadsExpiredOrDeclined's).
+    "PdxHeldKvReleasedUnderPressure": Case(
+        firing=reuse(hit="0+6x120", released="0+3x120"),
+        quiet=(reuse(hit="0+19x120", released="0+1x120"), reuse(hit="0+6x120", expired="0+3x120")),
         eval_time="40m",
         labels=DI,
     ),

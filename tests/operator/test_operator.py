@@ -131,7 +131,8 @@ async def test_reuse_counters_from_the_periodic_check(api: ApiServer, kube: Kube
     await operator(stats=lambda url: stats)
     await create_cr(api, cr_document())
     await eventually(lambda: "reuse" in status_of(api), what="reuse in status")
-    assert status_of(api)["reuse"] == {"hitRate": 0.8, "hits": 4, "expired": 1, "recommendedTtlSeconds": 270}
+    want = {"hitRate": 0.8, "hits": 4, "expired": 1, "released": 0, "recommendedTtlSeconds": 270}
+    assert status_of(api)["reuse"] == want
     assert API_VERSION  # the CR itself is untouched by advice
     body = live(api, KIND, "demo")
     assert body is not None and body["spec"]["kvTransfer"]["decoderKvBlocksTtlSeconds"] == 480

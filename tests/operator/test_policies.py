@@ -218,6 +218,12 @@ def test_local_turns_count_as_reuse_in_the_hit_rate() -> None:
     assert r is not None and r.hits == 30 and r.hit_rate == 0.75  # 30 of the 40 with an entry
 
 
+def test_turns_released_under_pressure_show_in_status_and_lower_the_hit_rate() -> None:
+    stats = {"reuse": {"hit": 20, "released": 10, "miss": 5, "expired": 10}}
+    r = advice.reuse_status(stats)
+    assert r is not None and r.released == 10 and r.hit_rate == 0.5  # 20 of the 40 with an entry
+
+
 def test_reuse_status_tolerates_empty_stats() -> None:
     r = advice.reuse_status({})
     assert r is not None

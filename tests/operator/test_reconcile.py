@@ -248,7 +248,8 @@ async def test_reuse_counters_reach_status_and_failures_do_not(api: ApiServer, k
     await run(kube, fetch_stats=fetch)
     body = live(api, KIND, "demo")
     assert body is not None
-    assert body["status"]["reuse"] == {"hitRate": 0.9, "hits": 9, "expired": 1, "recommendedTtlSeconds": 690}
+    want = {"hitRate": 0.9, "hits": 9, "expired": 1, "released": 0, "recommendedTtlSeconds": 690}
+    assert body["status"]["reuse"] == want
     assert urls == ["http://demo-router.inference.svc:8000"]
     assert body["spec"]["kvTransfer"]["decoderKvBlocksTtlSeconds"] == 480  # advice only
 

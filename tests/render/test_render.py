@@ -13,7 +13,7 @@ import yaml
 from pdx.render import config_hash, render
 from pdx.render.engines import kv_transfer_config
 from pdx.resource import Target, load
-from pdx_engine import tokenize_cache
+from pdx_engine import held_kv, tokenize_cache
 
 ROOT = Path(__file__).parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -201,3 +201,17 @@ def test_engines_keep_prompt_ids_for_the_next_turn_unless_a_role_turns_it_off() 
 
     assert env("qwen3-32b-prefill")[tokenize_cache.ENV] == str(64 << 20)  # the name the plugin reads
     assert tokenize_cache.ENV not in env("qwen3-32b-decode")
+
+
+def _engine_env(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    container = by_kind(objects, "StatefulSet")[name]["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+def test_decode_releases_held_kv_under_pressure_unless_the_resource_turns_it_off() -> None:
+    on = render(target())
+    assert held_kv.ENV not in _engine_env(on, "qwen3-32b-decode")  # the plugin's default: on
+    off = render(target(spec__kvTransfer__releaseUnderPressure=False))
+    assert _engine_env(off, "qwen3-32b-decode")[held_kv.ENV] == "0"  # the name the plugin reads
+    assert held_kv.ENV not in _engine_env(off, "qwen3-32b-prefill")
+    assert held_kv.valve_from_env({held_kv.ENV: "0"}) is False

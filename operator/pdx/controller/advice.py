@@ -53,5 +53,6 @@ def reuse_status(raw: Mapping[str, Any]) -> ReuseStatus | None:
         hit_rate=round(reuse.reused() / with_entry, 4) if with_entry else None,
         hits=reuse.reused(),
         expired=reuse.expired,
+        released=reuse.released,
         recommended_ttl_seconds=recommend_ttl(gaps.p95, gaps.count) if gaps.count else None,
     )

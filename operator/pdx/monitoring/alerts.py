@@ -54,6 +54,7 @@ def hit_rate(window: str, offset: str = "") -> str:
 _TURNS_WITH_ENTRY = _rate(f'{REUSE}{{outcome!="miss"}}', "15m")
 _INSTANCE = "{{ $labels.namespace }}/{{ $labels.pdx_instance }}"
 _LOST = _rate(REUSE + '{outcome=~"expired|declined"}', "15m")
+_RELEASED = _rate(REUSE + '{outcome="released"}', "15m")
 _MISMATCHES = f"sum by ({BY}) (increase(pdx_router_tokenize_mismatch_total[15m]))"
 # Clients' inference requests only: a not-ready router's 503s to its readiness probe, and
 # Prometheus's own scrapes, are no client errors.
@@ -101,6 +102,21 @@ ALERTS: tuple[Alert, ...] = (
             "(kubectl get disaggregatedinference NAME -o jsonpath='{.status.reuse."
             "recommendedTtlSeconds}'), and check decode has the KV room to hold it longer "
             "(PdxDecodeKvCacheNearFull)."
+        ),
+    ),
+    Alert(
+        name="PdxHeldKvReleasedUnderPressure",
+        expr=f"{_RELEASED}\n/ {_TURNS_WITH_ENTRY} > 0.2",
+        signals=(_RELEASED, _TURNS_WITH_ENTRY),
+        for_="15m",
+        severity="warning",
+        summary=f"{_INSTANCE}: over 20% of returning turns found their KV released under memory pressure",
+        description=(
+            "Decode's KV cache is too small for the conversations live within the TTL: it released "
+            "their held KV, least recently used first, to admit new work, and those turns recomputed "
+            "their history (outcome released). Nothing waits, but TTFT climbs for them. Add decode "
+            "replicas (spec.decode.replicas), or give decode more KV memory; a longer TTL does not help. "
+            "docs/operator.md, \"Sizing the TTL and decode's KV\"."
         ),
     ),
     Alert(

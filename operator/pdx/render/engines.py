@@ -151,6 +151,8 @@ def engine_env(target: Target, role: Role) -> list[dict[str, Any]]:
             extra["PDX_REQUIRE_EFA"] = "1"
     if role == "decode" and spec.kv_transfer.bidirectional:  # read by the preStop (see `drain`)
         extra.update(PDX_DRAIN_ROUTER=meta.router_url(target), PDX_DRAIN_SECONDS=str(spec.router_ttl))
+        if not spec.kv_transfer.release_under_pressure:  # read by pdx_engine.held_kv (on unless 0)
+            extra["PDX_HELD_KV_VALVE"] = "0"
     cache_bytes = int(quantity_value(spec.role(role).tokenize_cache))
     if cache_bytes > 0:  # read by pdx_engine.tokenize_cache
         extra["PDX_TOKENIZE_CACHE_BYTES"] = str(cache_bytes)

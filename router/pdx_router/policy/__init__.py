@@ -9,6 +9,7 @@ unit-testable on its own and app.py only moves bytes, measures and records:
 - `history`, `prompt_history`: how a turn without a conversation id finds its entry (a chat
   by its messages, a completion by its prompt's prefix);
 - `local`: whether a short follow-up turn is prefilled on the decode that holds it;
+- `holds`: what a turn claims of decode's held KV, and what decode's answer means;
 - `retry`: whether a failed hop is retried, and with what outcome;
 - `trust`: whether the router's own tokenizer's ids may replace the engine's.
 
@@ -31,6 +32,7 @@ class Outcome(StrEnum):
     PREFIX_MISMATCH = "prefix_mismatch"  # history edited: common prefix below threshold
     BELOW_THRESHOLD = "below_threshold"  # too few tokens to be worth a remote read
     LOCAL = "local"  # prefilled on the decode that held the conversation (policy.local)
+    RELEASED = "released"  # decode released the held KV under memory pressure (policy.holds)
 
 
 class FoundBy(StrEnum):

@@ -13,13 +13,14 @@ import asyncio
 import itertools
 import json
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from pdx_contract import holds as holds_contract
 from pdx_contract import kv_prefix
 from pdx_router.chat_tokens import ChatTokenizer
 
@@ -103,6 +104,11 @@ class Cluster:
     # target costs the fakes the same and /tokenize looks free (which favours the hop).
     _memo: OrderedDict[str, list[int]] = field(default_factory=OrderedDict)
     held: dict[tuple[str, str], Held] = field(default_factory=dict)
+    # Claims on held turns (pdx_contract.holds), and reads a valve decode's hold had none for:
+    # a turn that read what the valve could have released meanwhile (must stay 0).
+    claims: Counter[tuple[str, str]] = field(default_factory=Counter)
+    unclaimed_reads: int = 0
+    valves: set[str] = field(default_factory=set)  # engine ids of decodes with the valve
     reads: list[Read] = field(default_factory=list)
     locals: list[LocalPrefill] = field(default_factory=list)
 
@@ -178,6 +184,9 @@ class EngineOptions:
     checks_prefix: bool = False
     kv_recompute_threshold: int = 64
     fail_local: bool = False  # decode answers 500 to a turn it would prefill itself
+    # As pdx's held-KV valve (pdx_engine.held_kv): decode answers POST /v1/pdx/holds, and
+    # `release` drops an unclaimed hold as memory pressure would. Off: the route is absent.
+    valve: bool = False
 
 
 class FakeEngine:
@@ -188,6 +197,7 @@ class FakeEngine:
         self.auth: list[str | None] = []  # each request's Authorization header, in order
         self.cancelled = 0
         self.healthy = True
+        self.releases = 0
         self._ids = itertools.count(1)
         self._blocks = itertools.count(1)
         self.app = web.Application()
@@ -199,6 +209,8 @@ class FakeEngine:
         r.add_get("/metrics", self.metrics)
         r.add_get("/lag", self.lag)
         r.add_get("/v1/models", self.models)
+        if opts.valve:
+            r.add_post(holds_contract.PATH, self.holds)
 
     # ------------------------------------------------------------ helpers
 
@@ -223,6 +235,9 @@ class FakeEngine:
     def _blocks_for(self, n: int) -> list[int]:
         return [next(self._blocks) for _ in range(-(-n // self.cluster.block_size))]
 
+    def _holder_has_valve(self, engine_id: str) -> bool:
+        return engine_id in self.cluster.valves
+
     def check_read(self, kv: dict[str, Any], prompt: list[int]) -> Read | None:
         """What real prefill would read from decode, validated against what decode holds."""
         if not (kv.get("do_remote_decode") and kv.get("remote_block_ids")):
@@ -230,7 +245,10 @@ class FakeEngine:
         n = int(kv.get("remote_num_tokens") or 0)
         count = min(n, len(prompt))
         engine = str(kv.get("remote_engine_id"))
-        held = self.cluster.held.get((engine, str(kv.get("remote_request_id"))))
+        key = (engine, str(kv.get("remote_request_id")))
+        held = self.cluster.held.get(key)
+        if held is not None and self.cluster.claims[key] == 0 and self._holder_has_valve(engine):
+            self.cluster.unclaimed_reads += 1
         if held is None:
             return Read(engine, count, False, "decode holds no such request")
         if time.perf_counter() > held.expiry - 5:
@@ -243,7 +261,31 @@ class FakeEngine:
             return Read(engine, count, False, "token ids differ: stale KV would be served")
         return Read(engine, count, True)
 
+    def release(self, rid: str) -> bool:
+        """Memory pressure on this decode: drop an unclaimed hold, as the valve does."""
+        key = (self.opts.engine_id, rid)
+        if self.cluster.claims[key] > 0 or self.cluster.held.pop(key, None) is None:
+            return False
+        self.releases += 1
+        return True
+
     # ------------------------------------------------------------ routes
+
+    async def holds(self, req: web.Request) -> web.Response:
+        asked = holds_contract.HoldsRequest.model_validate_json(await req.read())
+        if self.opts.record:
+            self.requests.append((req.path, asked.to_json()))
+        engine = self.opts.engine_id
+        for rid in asked.release_claim:
+            if self.cluster.claims[(engine, rid)] > 0:
+                self.cluster.claims[(engine, rid)] -= 1
+        held = [rid for rid in asked.claim if (engine, rid) in self.cluster.held]
+        for rid in held:
+            self.cluster.claims[(engine, rid)] += 1
+        mine = [h for (e, _), h in self.cluster.held.items() if e == engine]
+        blocks = sum(len(h.block_ids) for h in mine)
+        answer = holds_contract.HoldsAnswer(held=held, held_blocks=blocks, capacity_blocks=1024, releases=self.releases)
+        return self.json_response(answer.to_json())
 
     async def health(self, _req: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)
@@ -550,6 +592,8 @@ async def start_engine(
 ) -> tuple[FakeEngine, web.AppRunner, str]:
     """Start a fake engine on loopback; returns it, its runner and its base URL."""
     engine = FakeEngine(cluster, opts)
+    if opts.valve:
+        cluster.valves.add(opts.engine_id)
     runner = web.AppRunner(engine.app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

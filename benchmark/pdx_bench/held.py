@@ -1,0 +1,66 @@
+"""Held KV under pressure, per point: how far the conversations overcommit decode's KV cache, and
+what decode did about it (releases, requests that waited behind held KV).
+
+Decode's figures come from its own `POST /v1/pdx/holds` (pdx_contract.holds, an empty claim),
+read before and after each point; the overcommit factor from the point's own records and
+decode's KV capacity (vllm:cache_config_info)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import aiohttp
+from pydantic import ValidationError
+
+from pdx_contract import holds as contract
+
+from .records import RequestRecord
+
+
+@dataclass(frozen=True)
+class HeldFigures:
+    """Decode's held-KV counters, summed over the decodes (or their change over a point)."""
+
+    releases: int
+    waited: int
+
+    def since(self, before: HeldFigures) -> HeldFigures:
+        return HeldFigures(self.releases - before.releases, self.waited - before.waited)
+
+
+async def read_holds(session: aiohttp.ClientSession, decode_urls: Sequence[str]) -> HeldFigures | None:
+    """The decodes' counters now; None when one has no holds route (no pdx plugin) or no answer."""
+    releases = waited = 0
+    for url in decode_urls:
+        try:
+            async with session.post(
+                url.rstrip("/") + contract.PATH,
+                json=contract.HoldsRequest().to_json(),
+                timeout=aiohttp.ClientTimeout(total=30),
+            ) as resp:
+                if resp.status != 200:
+                    return None
+                answer = contract.HoldsAnswer.model_validate(await resp.json())
+        except (aiohttp.ClientError, TimeoutError, ValidationError):
+            return None
+        releases += answer.releases
+        waited += answer.waited
+    return HeldFigures(releases, waited) if decode_urls else None
+
+
+def held_demand(records: Sequence[RequestRecord]) -> int:
+    """Tokens decode would keep if it held every conversation's last turn: per conversation its
+    longest turn's prompt plus answer."""
+    longest: dict[str, int] = {}
+    for r in records:
+        tokens = r.input_num_tokens + r.output_num_tokens
+        longest[r.conversation_id] = max(longest.get(r.conversation_id, 0), tokens)
+    return sum(longest.values())
+
+
+def overcommit(records: Sequence[RequestRecord], decode_capacity: Sequence[int | None]) -> float | None:
+    """Held demand over what the decodes can keep; None when a decode's capacity is unknown."""
+    if not decode_capacity or any(c is None or c <= 0 for c in decode_capacity):
+        return None
+    return held_demand(records) / sum(c for c in decode_capacity if c is not None)

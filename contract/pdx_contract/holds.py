@@ -1,0 +1,46 @@
+"""Decode's held KV as the router claims it: ``POST /v1/pdx/holds`` on a decode engine.
+
+Held KV is a cache, never a reservation: when a request would wait for blocks, decode's
+engine plugin (`pdx_engine.held_kv`) releases held conversations, least recently used first.
+An early release must never let prefill read blocks that were freed and reused, and the guard
+must not depend on a clock. So a hold is released only while unclaimed: before the router
+attaches a hold to a prefill request it claims it here, and decode answers which of the holds
+it still has (now pinned); after prefill has answered (read done, or no read), the router
+drops the claim. A hold missing from the answer was released: that turn goes without reuse.
+
+Typed here once: the engine plugin serves these, the router sends them.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from .base import Document
+
+PATH = "/v1/pdx/holds"
+
+HoldId = str  # decode's request id: `remote_request_id` in decode's kv_transfer_params
+
+
+class HoldsRequest(Document):
+    """Claims to take and claims to drop, by hold id; either may be empty."""
+
+    claim: list[HoldId] = Field(default_factory=list, max_length=256)
+    release_claim: list[HoldId] = Field(default_factory=list, max_length=256)
+
+
+class HoldsAnswer(Document):
+    """Which claimed holds decode still has (each now claimed once more), and its KV figures."""
+
+    held: list[HoldId] = Field(default_factory=list)
+    held_blocks: int = Field(default=0, ge=0)
+    """Blocks of finished turns decode keeps for their next turn."""
+    capacity_blocks: int = Field(default=0, ge=0)
+    releases: int = Field(default=0, ge=0)
+    """Holds released early since the engine started (pressure, not the TTL nor a read)."""
+    waited: int = Field(default=0, ge=0)
+    """Requests refused KV blocks at least once while decode kept held KV (the valve off, or every
+    hold claimed): what held KV cost new work, since the engine started."""
+    valve: bool = True
+    """False when the plugin could not patch this vLLM: holds are then freed only by a read or
+    the TTL, as without pdx, and claims always succeed while the TTL runs."""

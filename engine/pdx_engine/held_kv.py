@@ -1,0 +1,250 @@
+"""vLLM general plugin: decode's held KV is a cache that yields to work, never a reservation.
+
+With bidirectional transfer vLLM pins a finished turn's blocks on decode until prefill reads
+them or ``decoder_kv_blocks_ttl`` runs out; when agents' held conversations fill the cache,
+new requests wait for the TTL (minutes). With this plugin, whenever the scheduler cannot
+allocate blocks for a request (admission, a P->D read's landing, a local turn, a running
+request's growth), it first releases held turns, least recently used first, until the request
+fits; only then does vLLM wait or preempt as before.
+
+Safety does not rest on a clock: a hold is released only while no router claims it
+(`pdx_contract.holds`). The router claims a hold before attaching it to a prefill request and
+drops the claim once prefill has answered, so no read is in flight on a hold that is released.
+A release frees the blocks in the scheduler at once and tells the worker (NIXL's own send
+deadline, set to the past) to forget them; the worker's later "sent" report is swallowed.
+
+``PDX_HELD_KV_VALVE=0`` turns the valve off (claims are still answered); anything else, or
+unset, leaves it on. A vLLM whose scheduler lacks what is patched here says so at start and
+answers claims with ``valve: false``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pdx_contract import holds as contract
+
+logger = logging.getLogger("vllm.pdx_plugin")
+
+ENV = "PDX_HELD_KV_VALVE"
+SCHEDULER = "vllm.v1.core.sched.scheduler"
+ENGINE_CORE = "vllm.v1.engine.core"
+UTILITY = "pdx_holds"  # the EngineCore method the API server's route calls
+_MARK = "_pdx_held_kv"
+WAITED_KEPT = 4096  # request ids remembered so a request refused over many steps counts once
+
+
+def valve_from_env(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether early release is on (the default)."""
+    raw = environ.get(ENV, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"{ENV}={raw!r}: expected 1 (release held KV under pressure) or 0, or unset it")
+    return raw != "0"
+
+
+class Holds:
+    """Decode's finished turns whose blocks are kept for prefill, least recently used first.
+
+    Pure bookkeeping: the scheduler patch below calls it, tests drive it directly.
+    """
+
+    def __init__(self, valve: bool = True) -> None:
+        self.valve = valve
+        self._held: OrderedDict[str, int] = OrderedDict()  # hold id -> claims
+        self._released: set[str] = set()  # freed early; the worker's "sent" report is still due
+        self.releases = 0
+        self._waited: OrderedDict[str, None] = OrderedDict()  # the last WAITED_KEPT ids counted below
+        self.waited = 0  # requests refused blocks at least once while decode kept held KV
+
+    def __contains__(self, hold: str) -> bool:
+        return hold in self._held
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def add(self, hold: str) -> None:
+        self._held[hold] = 0
+        self._held.move_to_end(hold)
+
+    def claim(self, ids: list[str]) -> list[str]:
+        """Pin each id still held; the pinned ones, which also count as just used."""
+        out = []
+        for hold in ids:
+            if hold in self._held:
+                self._held[hold] += 1
+                self._held.move_to_end(hold)
+                out.append(hold)
+        return out
+
+    def release_claim(self, ids: list[str]) -> None:
+        for hold in ids:
+            if self._held.get(hold, 0) > 0:
+                self._held[hold] -= 1
+
+    def refused(self, request_id: str) -> None:
+        """A request found no room: counted once if held KV was there to blame (the valve off,
+        or every hold claimed)."""
+        if not self._held or request_id in self._waited:
+            return
+        self._waited[request_id] = None
+        if len(self._waited) > WAITED_KEPT:
+            self._waited.popitem(last=False)
+        self.waited += 1
+
+    def victim(self) -> str | None:
+        """The least recently used unclaimed hold, None when the valve is off or none is free."""
+        if not self.valve:
+            return None
+        return next((hold for hold, claims in self._held.items() if claims == 0), None)
+
+    def released(self, hold: str) -> None:
+        """``hold`` was freed early: forget it, and expect the worker to report it once more."""
+        self._held.pop(hold, None)
+        self._released.add(hold)
+        self.releases += 1
+
+    def finished(self, sent: set[str]) -> set[str]:
+        """The worker's "sent" report (read by prefill, or past the TTL), less what was released
+        early and so already freed; those holds are forgotten."""
+        for hold in sent:
+            self._held.pop(hold, None)
+        stale = sent & self._released
+        self._released -= stale
+        return sent - stale if stale else sent
+
+
+def held_blocks(scheduler: Any, holds: Holds) -> int:
+    manager = scheduler.kv_cache_manager
+    total = 0
+    for hold in list(holds._held):
+        try:
+            total += len(manager.get_block_ids(hold)[0])
+        except (KeyError, IndexError):
+            continue
+    return total
+
+
+def release(scheduler: Any, holds: Holds, hold: str) -> bool:
+    """Free ``hold``'s blocks now and have the worker drop its send deadline; False if unknown."""
+    request = scheduler.requests.get(hold)
+    if request is None or not request.is_finished():
+        holds._held.pop(hold, None)
+        return False
+    scheduler._free_blocks(request)
+    sender = getattr(getattr(scheduler, "connector", None), "connector_scheduler", None)
+    pending = getattr(sender, "_reqs_need_send", None)
+    if isinstance(pending, dict):
+        pending[hold] = float("-inf")  # the worker reaps it at its next step, then reports it sent
+    holds.released(hold)
+    logger.debug("pdx plugin: released held KV of %s under pressure", hold)
+    return True
+
+
+def wrap_allocate(scheduler: Any, holds: Holds, allocate: Callable[..., Any]) -> Callable[..., Any]:
+    """``allocate_slots`` that releases unclaimed holds, LRU first, before it returns None."""
+
+    @functools.wraps(allocate)
+    def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
+        blocks = allocate(request, *args, **kwargs)
+        while blocks is None and (hold := holds.victim()) is not None:
+            if release(scheduler, holds, hold):
+                blocks = allocate(request, *args, **kwargs)
+        if blocks is None:
+            holds.refused(request.request_id)
+        return blocks
+
+    return allocate_slots
+
+
+def _hold_of(request: Any) -> bool:
+    """Whether a finished request's blocks stay for a later read by prefill (decode's hold)."""
+    params = getattr(request, "kv_transfer_params", None)
+    return isinstance(params, dict) and not params.get("do_remote_decode")
+
+
+def patch_scheduler(module: Any, valve: bool) -> bool:
+    """Install the bookkeeping and the valve on vLLM's Scheduler; True if patched now."""
+    cls = getattr(module, "Scheduler", None)
+    needed = ("_free_request", "_free_blocks", "_update_from_kv_xfer_finished")
+    if cls is None or not all(hasattr(cls, name) for name in needed):
+        logger.error("pdx plugin: this vLLM's Scheduler lacks %s; held KV is freed only by the TTL", needed)
+        return False
+    if getattr(cls, _MARK, False):
+        return False
+    init, free_request, finished = cls.__init__, cls._free_request, cls._update_from_kv_xfer_finished
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self._pdx_holds = Holds(valve)
+        manager = self.kv_cache_manager
+        manager.allocate_slots = wrap_allocate(self, self._pdx_holds, manager.allocate_slots)
+
+    @functools.wraps(free_request)
+    def _free_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        out = free_request(self, request, *args, **kwargs)
+        if request.request_id in self.requests and _hold_of(request):
+            self._pdx_holds.add(request.request_id)
+        return out
+
+    @functools.wraps(finished)
+    def _update_from_kv_xfer_finished(self: Any, output: Any, *args: Any, **kwargs: Any) -> Any:
+        sent = output.finished_sending
+        if sent:
+            output.finished_sending = self._pdx_holds.finished(set(sent))
+        return finished(self, output, *args, **kwargs)
+
+    cls.__init__ = __init__
+    cls._free_request = _free_request
+    cls._update_from_kv_xfer_finished = _update_from_kv_xfer_finished
+    setattr(cls, _MARK, True)
+    logger.info("pdx plugin: held KV is released under pressure, LRU first (valve %s)", "on" if valve else "off")
+    return True
+
+
+def answer(scheduler: Any, request: contract.HoldsRequest) -> contract.HoldsAnswer:
+    """The EngineCore side of ``POST /v1/pdx/holds``."""
+    holds: Holds | None = getattr(scheduler, "_pdx_holds", None)
+    if holds is None:  # not patched: claims cannot pin anything, so none is granted
+        return contract.HoldsAnswer(valve=False)
+    holds.release_claim(list(request.release_claim))
+    return contract.HoldsAnswer(
+        held=holds.claim(list(request.claim)),
+        held_blocks=held_blocks(scheduler, holds),
+        capacity_blocks=int(scheduler.kv_cache_manager.block_pool.num_gpu_blocks),
+        releases=holds.releases,
+        waited=holds.waited,
+        valve=holds.valve,
+    )
+
+
+def patch_engine_core(module: Any) -> bool:
+    """Add the utility method the route calls (``EngineCore.pdx_holds``)."""
+    cls = getattr(module, "EngineCore", None)
+    if cls is None or hasattr(cls, UTILITY):
+        return False
+
+    def pdx_holds(self: Any, body: dict[str, Any]) -> dict[str, Any]:
+        return answer(self.scheduler, contract.HoldsRequest.model_validate(body)).to_json()
+
+    setattr(cls, UTILITY, pdx_holds)
+    return True
+
+
+def register() -> None:
+    """Entry point of the ``vllm.general_plugins`` group; safe to call repeatedly."""
+    from pdx_engine.holds_route import register as register_route
+    from pdx_engine.import_hook import module_exists, on_import
+
+    valve = valve_from_env()
+    if not module_exists(SCHEDULER) or not module_exists(ENGINE_CORE):
+        logger.error("pdx plugin: this vLLM has no %s; held KV is freed only by the TTL", SCHEDULER)
+        return
+    on_import(SCHEDULER, lambda m: patch_scheduler(m, valve))
+    on_import(ENGINE_CORE, patch_engine_core)
+    register_route()

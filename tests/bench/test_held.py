@@ -1,0 +1,79 @@
+"""The overcommit points' figures: held demand over decode's capacity, and decode's own counts
+of releases and of requests that waited behind held KV."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from pdx_bench.held import HeldFigures, held_demand, overcommit, read_holds
+from pdx_bench.points import point_stats, to_json
+from pdx_bench.records import RequestRecord
+from pdx_router.testing.fake_engine import Cluster, EngineOptions, start_engine
+
+
+def record(conversation: str, turn: int, prompt: int, output: int = 32, leg: str = "on") -> RequestRecord:
+    return RequestRecord(
+        ttft_ms=100.0 * turn,
+        tpot_ms=1.0,
+        latency_ms=200.0,
+        start_time_ms=float(turn),
+        input_num_turns=turn,
+        input_num_tokens=prompt,
+        output_num_tokens=output,
+        output_num_chunks=output,
+        output_num_first_chunk_tokens=1,
+        approx_cached_percent=0.0,
+        conversation_id=conversation,
+        client_id=0,
+        turn=turn,
+        leg=leg,
+        prefix_tokens=1000,
+        live_conversations=2,
+    )
+
+
+RECORDS = [record("a", 1, 1000), record("a", 2, 1300), record("b", 1, 1000), record("b", 2, 1300)]
+
+
+def test_held_demand_is_each_conversations_longest_turn_with_its_answer() -> None:
+    assert held_demand(RECORDS) == 2 * (1300 + 32)
+
+
+def test_overcommit_is_demand_over_every_decodes_capacity() -> None:
+    assert overcommit(RECORDS, [1332]) == pytest.approx(2.0)
+    assert overcommit(RECORDS, [666, 666]) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("capacity", [[], [None], [1000, None], [0]], ids=["none", "unknown", "one-unknown", "zero"])
+def test_overcommit_is_not_guessed_without_every_decodes_capacity(capacity: list[int | None]) -> None:
+    assert overcommit(RECORDS, capacity) is None
+
+
+def test_a_point_carries_its_overcommit_p99_and_decodes_counts() -> None:
+    key = ("on", 1000, None, 2)
+    [point] = point_stats(RECORDS, held_by_point={key: HeldFigures(3, 0)}, decode_capacity={"on": [1332]})
+    out = to_json(point)
+    assert out["overcommit"] == pytest.approx(2.0)
+    assert (out["releases"], out["waited_on_held"]) == (3, 0)
+    assert out["ttft_p99"] == pytest.approx(200.0)
+
+
+async def test_decodes_counts_are_read_from_its_holds_route_and_absent_without_it() -> None:
+    cluster = Cluster()
+    valve, valve_runner, valve_url = await start_engine(cluster, EngineOptions("decode", "d0", valve=True))
+    _, plain_runner, plain_url = await start_engine(cluster, EngineOptions("decode", "d1"))
+    try:
+        async with aiohttp.ClientSession() as session:
+            assert await read_holds(session, [valve_url]) == HeldFigures(0, 0)
+            valve.releases = 2
+            assert await read_holds(session, [valve_url]) == HeldFigures(2, 0)
+            assert await read_holds(session, [valve_url, plain_url]) is None
+            assert await read_holds(session, []) is None
+    finally:
+        await valve_runner.cleanup()
+        await plain_runner.cleanup()
+
+
+def test_figures_change_over_a_point() -> None:
+    assert HeldFigures(5, 2).since(HeldFigures(3, 2)) == HeldFigures(2, 0)

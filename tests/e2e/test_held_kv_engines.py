@@ -1,0 +1,136 @@
+"""Held KV under memory pressure on real engines: vLLM (CPU build) prefill + decode over NIXL,
+pdx's valve in decode (pdx_engine.held_kv), the router claiming holds, the topology rendered
+by the operator's code.
+
+Decode gets a KV cache of a few conversations. When a new conversation does not fit, decode
+releases the least recently used unclaimed hold at once, instead of waiting out the TTL (600 s
+here); that conversation's next turn is `released` and recomputed, never read, and its greedy
+output equals a recompute. A hold the router claimed is never released under it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pdx.local import default_document
+from pdx.local.topology import LocalTopology
+from pdx_contract import holds as contract
+from tests.e2e.chat import Answer, chat
+
+pytest.importorskip("vllm", reason="needs the engine extra (scripts/setup.sh)")
+pytestmark = [pytest.mark.engines, pytest.mark.timeout(1200)]
+
+BLOCKS = 24  # decode's KV blocks of 128 tokens (one is vLLM's null block): ~2.9k tokens
+TTL = 600  # far above any turn here: a turn that waited for it would fail the test's timing
+
+
+def document() -> dict[str, Any]:
+    doc = copy.deepcopy(default_document())
+    spec = doc["spec"]
+    spec["model"]["name"] = "/models/pdx-tiny-w"  # seeded weights: wrong KV changes logits
+    spec["model"].pop("loadFormat", None)
+    spec["model"]["maxModelLen"] = 2048
+    spec["decode"]["extraArgs"] = ["--num-gpu-blocks-override", str(BLOCKS)]
+    spec["kvTransfer"]["decoderKvBlocksTtlSeconds"] = TTL
+    return doc
+
+
+@pytest.fixture(scope="module")
+def topo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTopology]:
+    with LocalTopology(document(), state_dir=tmp_path_factory.mktemp("local")) as t:
+        yield t
+
+
+def history(topic: str) -> list[dict[str, str]]:
+    """A first turn of about 1k tokens (8-9 blocks held after it)."""
+    notes = " ".join(f"{topic} note {i}: unit {i % 7} reads {i * 13 % 97}." for i in range(70))
+    return [{"role": "system", "content": "You read notes."}, {"role": "user", "content": notes}]
+
+
+def holds(decode: str, body: contract.HoldsRequest) -> contract.HoldsAnswer:
+    req = urllib.request.Request(
+        decode + contract.PATH, data=json.dumps(body.to_json()).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return contract.HoldsAnswer.model_validate(json.loads(resp.read()))
+
+
+def follow_up(msgs: list[dict[str, str]], answer: Answer, text: str) -> list[dict[str, str]]:
+    return [*msgs, {"role": "assistant", "content": answer.text}, {"role": "user", "content": text}]
+
+
+def test_held_conversations_yield_to_new_ones_and_a_released_one_recomputes_correctly(topo: LocalTopology) -> None:
+    router, prefill, decode = topo.router_url, topo.engine_urls["prefill"][0], topo.engine_urls["decode"][0]
+    before = holds(decode, contract.HoldsRequest())
+    assert before.valve and before.capacity_blocks == BLOCKS
+    convs = {name: history(name) for name in ("alpha", "beta", "gamma")}
+    first: dict[str, Answer] = {}
+    started = time.monotonic()
+    for name, msgs in convs.items():
+        first[name] = chat(router, msgs, conversation=None)
+    filled_s = time.monotonic() - started
+    after = holds(decode, contract.HoldsRequest())
+    # three conversations hold more than decode keeps: the oldest gave way, nobody waited the TTL
+    assert after.releases > before.releases, after
+    assert after.held_blocks <= BLOCKS
+    assert filled_s < TTL / 4, f"the first turns took {filled_s:.0f} s: a request waited for held KV"
+    # alpha's hold was released: its next turn recomputes (never reads), and equals a recompute
+    msgs = follow_up(convs["alpha"], first["alpha"], "Which unit reads highest?")
+    got = chat(router, msgs, conversation=None)
+    reference = chat(prefill, msgs, conversation=None)
+    assert got.reuse == "released", got.headers
+    assert got.reused_tokens == 0
+    assert got.tokens == reference.tokens, f"{got.text!r} != {reference.text!r}"
+    # gamma, the most recent, is still held: its next turn reads it back, and equals a recompute
+    msgs = follow_up(convs["gamma"], first["gamma"], "Which unit reads lowest?")
+    got = chat(router, msgs, conversation=None)
+    reference = chat(prefill, msgs, conversation=None)
+    assert got.reuse in ("hit", "released"), got.headers
+    assert got.tokens == reference.tokens, f"{got.text!r} != {reference.text!r}"
+
+
+def hold_on_decode(decode: str, topic: str) -> str:
+    """A turn prefilled and decoded on decode itself (a decode-local turn, as the router sends
+    it): decode keeps its KV for a later read and names the hold in its answer."""
+    prompt = " ".join(f"{topic} entry {i}: gauge {i % 5} shows {i * 11 % 89}." for i in range(70))
+    body = {
+        "model": "pdx-tiny",
+        "prompt": prompt,
+        "max_tokens": 4,
+        "temperature": 0,
+        "kv_transfer_params": {"do_remote_decode": False, "do_remote_prefill": False},
+    }
+    req = urllib.request.Request(
+        decode + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        kv = json.loads(resp.read())["kv_transfer_params"]
+    assert kv["remote_blocks_expiry_time"] is not None, kv  # bidirectional: decode holds it
+    rid = kv["remote_request_id"]
+    assert isinstance(rid, str)
+    return rid
+
+
+def test_a_claimed_hold_outlives_pressure_and_yields_once_the_claim_is_dropped(topo: LocalTopology) -> None:
+    router, decode = topo.router_url, topo.engine_urls["decode"][0]
+    pinned = hold_on_decode(decode, "epsilon")
+    assert holds(decode, contract.HoldsRequest(claim=[pinned])).held == [pinned]
+    releases = holds(decode, contract.HoldsRequest()).releases
+    for name in ("zeta", "eta", "theta"):  # each ~9 blocks: more than what is left beside the pin
+        chat(router, history(name), conversation=None)
+    pressed = holds(decode, contract.HoldsRequest(claim=[pinned], release_claim=[pinned]))
+    assert pressed.releases > releases, "the turns above did not press on decode's cache"
+    assert pressed.held == [pinned], "a claimed hold was released"
+    holds(decode, contract.HoldsRequest(release_claim=[pinned]))  # unclaimed: free to go now
+    for name in ("iota", "kappa", "lambda"):
+        chat(router, history(name), conversation=None)
+    assert holds(decode, contract.HoldsRequest(claim=[pinned])).held == []
+    log = topo.log_path(topo.by_role("decode")[0].name).read_text()
+    assert "held KV is released under pressure, LRU first (valve on)" in log

@@ -1,0 +1,233 @@
+"""Decode's held KV yields to work: LRU release of unclaimed holds before a request waits."""
+
+from __future__ import annotations
+
+import logging
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from pdx_contract import holds as contract
+from pdx_engine import held_kv
+from pdx_engine.held_kv import Holds
+
+
+def test_the_victim_is_the_least_recently_used_unclaimed_hold() -> None:
+    holds = Holds()
+    for hold in ("a", "b", "c"):
+        holds.add(hold)
+    assert holds.victim() == "a"
+    assert holds.claim(["a"]) == ["a"]  # a claim pins it and counts as a use
+    assert holds.victim() == "b"
+    holds.claim(["b", "c"])
+    assert holds.victim() is None
+    holds.release_claim(["c"])
+    assert holds.victim() == "c"
+
+
+def test_a_claim_names_only_holds_still_kept() -> None:
+    holds = Holds()
+    holds.add("a")
+    holds.released("a")
+    assert holds.claim(["a", "never"]) == []
+    assert holds.releases == 1
+
+
+def test_claims_nest_and_an_extra_release_of_a_claim_is_harmless() -> None:
+    holds = Holds()
+    holds.add("a")
+    holds.claim(["a"])
+    holds.claim(["a"])
+    holds.release_claim(["a"])
+    assert holds.victim() is None
+    holds.release_claim(["a", "a", "unknown"])
+    assert holds.victim() == "a"
+
+
+def test_the_valve_off_never_offers_a_victim() -> None:
+    holds = Holds(valve=False)
+    holds.add("a")
+    assert holds.victim() is None
+
+
+def test_the_workers_late_report_of_a_released_hold_is_swallowed_once() -> None:
+    holds = Holds()
+    holds.add("a")
+    holds.add("b")
+    holds.released("a")
+    assert holds.finished({"a", "b", "x"}) == {"b", "x"}
+    assert "b" not in holds
+    assert holds.finished({"a"}) == {"a"}  # reported twice: the second is not ours to swallow
+
+
+# ---------------------------------------------------------------- the scheduler patch, on fakes
+
+
+@dataclass
+class FakeRequest:
+    request_id: str
+    kv_transfer_params: dict[str, Any] | None = None
+    finished: bool = True
+
+    def is_finished(self) -> bool:
+        return self.finished
+
+
+@dataclass
+class FakePool:
+    num_gpu_blocks: int
+    free: int
+
+
+@dataclass
+class FakeManager:
+    pool: FakePool
+    owned: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def block_pool(self) -> FakePool:
+        return self.pool
+
+    def allocate_slots(self, request: FakeRequest, blocks: int) -> list[int] | None:
+        if blocks > self.pool.free:
+            return None
+        self.pool.free -= blocks
+        self.owned[request.request_id] = self.owned.get(request.request_id, 0) + blocks
+        return list(range(blocks))
+
+    def get_block_ids(self, req_id: str) -> tuple[list[int], ...]:
+        return (list(range(self.owned[req_id])),)
+
+
+class FakeSender:
+    def __init__(self) -> None:
+        self._reqs_need_send: dict[str, float] = {}
+
+
+class FakeScheduler:
+    """The parts of vLLM's Scheduler the plugin touches, with its real method names."""
+
+    def __init__(self, blocks: int) -> None:
+        self.kv_cache_manager = FakeManager(FakePool(blocks, blocks))
+        self.requests: dict[str, FakeRequest] = {}
+        self.connector = types.SimpleNamespace(connector_scheduler=FakeSender())
+        self.freed_by_vllm: list[str] = []
+
+    def _free_request(self, request: FakeRequest, delay_free_blocks: bool = False) -> None:
+        if not delay_free_blocks:
+            self._free_blocks(request)
+
+    def _free_blocks(self, request: FakeRequest) -> None:
+        self.kv_cache_manager.pool.free += self.kv_cache_manager.owned.pop(request.request_id)
+        del self.requests[request.request_id]
+
+    def _update_from_kv_xfer_finished(self, output: Any) -> None:
+        for req_id in output.finished_sending or ():
+            assert req_id in self.requests  # vLLM's own assertion
+            self.freed_by_vllm.append(req_id)
+            self._free_blocks(self.requests[req_id])
+
+
+@pytest.fixture
+def patched() -> type[FakeScheduler]:
+    module = types.ModuleType(held_kv.SCHEDULER)
+    cls = type("Scheduler", (FakeScheduler,), {})
+    module.Scheduler = cls  # type: ignore[attr-defined]
+    assert held_kv.patch_scheduler(module, valve=True)
+    assert not held_kv.patch_scheduler(module, valve=True)  # once only
+    return cls
+
+
+def _finish_turn(sched: FakeScheduler, req_id: str, blocks: int) -> None:
+    """A decode turn that ends holding its blocks for the next turn's prefill."""
+    request = FakeRequest(req_id, {"do_remote_prefill": False, "do_remote_decode": False})
+    sched.requests[req_id] = request
+    assert sched.kv_cache_manager.allocate_slots(request, blocks) is not None
+    sched._free_request(request, delay_free_blocks=True)
+
+
+def test_a_request_that_does_not_fit_releases_held_turns_oldest_first(patched: type[FakeScheduler]) -> None:
+    sched = patched(blocks=10)
+    for req_id in ("old", "mid", "new"):
+        _finish_turn(sched, req_id, 3)
+    fresh = FakeRequest("fresh", finished=False)
+    sched.requests["fresh"] = fresh
+    assert sched.kv_cache_manager.allocate_slots(fresh, 5) is not None
+    assert "old" not in sched.requests and "mid" not in sched.requests and "new" in sched.requests
+    assert sched.connector.connector_scheduler._reqs_need_send == {"old": float("-inf"), "mid": float("-inf")}
+    answer = held_kv.answer(sched, contract.HoldsRequest())
+    assert answer.releases == 2 and answer.held_blocks == 3 and answer.capacity_blocks == 10
+    assert answer.waited == 0  # it found room: it never waited
+
+
+def test_with_the_valve_off_a_request_waits_behind_held_kv_and_is_counted() -> None:
+    module = types.ModuleType(held_kv.SCHEDULER)
+    module.Scheduler = type("Scheduler", (FakeScheduler,), {})  # type: ignore[attr-defined]
+    held_kv.patch_scheduler(module, valve=False)
+    sched = module.Scheduler(blocks=4)
+    _finish_turn(sched, "a", 4)
+    assert sched.kv_cache_manager.allocate_slots(FakeRequest("b", finished=False), 1) is None
+    answer = held_kv.answer(sched, contract.HoldsRequest())
+    assert (answer.waited, answer.releases, answer.valve) == (1, 0, False)
+
+
+def test_a_request_refused_with_nothing_held_is_not_blamed_on_held_kv() -> None:
+    holds = Holds()
+    holds.refused("r")
+    assert holds.waited == 0
+
+
+def test_a_claimed_hold_is_never_released_and_the_request_then_waits(patched: type[FakeScheduler]) -> None:
+    sched = patched(blocks=6)
+    _finish_turn(sched, "read-in-flight", 3)
+    _finish_turn(sched, "idle", 3)
+    assert held_kv.answer(sched, contract.HoldsRequest(claim=["read-in-flight"])).held == ["read-in-flight"]
+    big = FakeRequest("big", finished=False)
+    assert sched.kv_cache_manager.allocate_slots(big, 6) is None  # vLLM waits, as before
+    assert sched.kv_cache_manager.allocate_slots(big, 6) is None  # the next step: counted once
+    assert "read-in-flight" in sched.requests and "idle" not in sched.requests
+    assert held_kv.answer(sched, contract.HoldsRequest()).waited == 1
+    held_kv.answer(sched, contract.HoldsRequest(release_claim=["read-in-flight"]))
+    assert sched.kv_cache_manager.allocate_slots(big, 6) is not None
+
+
+def test_the_workers_report_of_a_released_hold_does_not_trip_vllms_assertion(patched: type[FakeScheduler]) -> None:
+    sched = patched(blocks=4)
+    _finish_turn(sched, "a", 2)
+    _finish_turn(sched, "b", 2)
+    sched.kv_cache_manager.allocate_slots(FakeRequest("c", finished=False), 2)
+    sched._update_from_kv_xfer_finished(types.SimpleNamespace(finished_sending={"a", "b"}))
+    assert sched.freed_by_vllm == ["b"]  # a was freed by the valve already
+    assert held_kv.answer(sched, contract.HoldsRequest(claim=["a", "b"])).held == []
+
+
+def test_a_claim_on_a_released_hold_is_refused_so_the_router_recomputes(patched: type[FakeScheduler]) -> None:
+    sched = patched(blocks=3)
+    _finish_turn(sched, "a", 3)
+    sched.kv_cache_manager.allocate_slots(FakeRequest("b", finished=False), 1)
+    assert held_kv.answer(sched, contract.HoldsRequest(claim=["a"])).held == []
+
+
+def test_an_unpatched_engine_grants_no_claim() -> None:
+    answer = held_kv.answer(types.SimpleNamespace(), contract.HoldsRequest(claim=["a"]))
+    assert answer.held == [] and not answer.valve
+
+
+def test_a_scheduler_without_the_patched_methods_is_logged_as_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    module = types.ModuleType(held_kv.SCHEDULER)
+    module.Scheduler = type("Scheduler", (), {})  # type: ignore[attr-defined]
+    with caplog.at_level(logging.ERROR, logger="vllm.pdx_plugin"):
+        assert not held_kv.patch_scheduler(module, valve=True)
+    assert "held KV is freed only by the TTL" in caplog.text
+
+
+@pytest.mark.parametrize(("raw", "on"), [("", True), ("1", True), ("0", False)])
+def test_the_valve_is_on_unless_turned_off(raw: str, on: bool) -> None:
+    assert held_kv.valve_from_env({held_kv.ENV: raw}) is on
+
+
+def test_a_bad_valve_setting_names_the_variable_and_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"PDX_HELD_KV_VALVE='yes': expected 1 .* or 0, or unset it"):
+        held_kv.valve_from_env({held_kv.ENV: "yes"})

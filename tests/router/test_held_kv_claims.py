@@ -1,0 +1,103 @@
+"""Decode's held KV under memory pressure, between the fake engines: a turn reads only a hold
+decode pinned for it, a released hold makes the next turn `released` (plain P/D at once, never
+a failed read), and an engine without the valve is read as before."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import pytest
+
+from .conftest import Stack, StackFactory
+from .helpers import LONG, assistant, chat, user
+
+Messages = list[dict[str, Any]]
+CHECKS = {"checks_prefix": True}
+
+
+async def turn(
+    http: aiohttp.ClientSession, s: Stack, msgs: Messages, conversation: str | None = None
+) -> tuple[str, Messages]:
+    status, headers, data = await chat(http, s.url, msgs, conversation=conversation, stream=False)
+    assert status == 200, data
+    return headers["X-PDX-Reuse"], [*msgs, assistant(data["choices"][0]["message"]["content"])]
+
+
+async def metrics(http: aiohttp.ClientSession, s: Stack) -> str:
+    async with http.get(s.url + "/metrics") as r:
+        return await r.text()
+
+
+def holds_calls(s: Stack) -> list[dict[str, Any]]:
+    return [body for path, body in s.decode.requests if path == "/v1/pdx/holds"]
+
+
+@pytest.mark.parametrize("conversation", [None, "c1"], ids=["by-history", "by-id"])
+async def test_a_read_is_claimed_first_and_the_claim_dropped_after_prefill(
+    make_stack: StackFactory, http: aiohttp.ClientSession, conversation: str | None
+) -> None:
+    s = await make_stack(prefill_opts=CHECKS, decode_opts={**CHECKS, "valve": True})
+    first, msgs = await turn(http, s, [user(LONG)], conversation)
+    second, _ = await turn(http, s, [*msgs, user("and then? " + LONG)], conversation)
+    assert (first, second) == ("miss", "hit")
+    assert s.cluster.reads and all(r.correct for r in s.cluster.reads)
+    assert s.cluster.unclaimed_reads == 0
+    for _ in range(100):  # the claim is dropped off the turn's path
+        if not +s.cluster.claims:
+            break
+        await asyncio.sleep(0.01)
+    assert not +s.cluster.claims
+    assert [list(c) for c in holds_calls(s)] == [["claim", "releaseClaim"]] * 2
+    assert holds_calls(s)[0]["claim"] == holds_calls(s)[1]["releaseClaim"] != []
+    assert 'pdx_router_held_kv_claims_total{answer="held"} 1.0' in await metrics(http, s)
+
+
+async def test_a_hold_released_under_pressure_makes_the_next_turn_released_without_a_failed_read(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(prefill_opts=CHECKS, decode_opts={**CHECKS, "valve": True})
+    _, msgs = await turn(http, s, [user(LONG)])
+    [(_, rid)] = list(s.cluster.held)
+    assert s.decodes[0].release(rid)
+    outcome, msgs = await turn(http, s, [*msgs, user("and then? " + LONG)])
+    assert outcome == "released"
+    assert not s.cluster.reads  # prefill was never pointed at the released blocks
+    assert len([p for p, _ in s.prefill.requests if p != "/tokenize"]) == 2  # no retry was needed
+    # the released turn's own answer is held again: the turn after it reuses
+    outcome, _ = await turn(http, s, [*msgs, user("and after that? " + LONG)])
+    assert outcome == "hit"
+    async with http.get(s.url + "/v1/pdx/stats") as r:
+        assert (await r.json())["reuse"]["released"] == 1
+    assert 'pdx_router_reuse_total{outcome="released"} 1.0' in await metrics(http, s)
+
+
+async def test_a_claimed_hold_is_not_released_while_prefill_reads_it(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(prefill_opts={**CHECKS, "prefill_delay": 0.3}, decode_opts={**CHECKS, "valve": True})
+    _, msgs = await turn(http, s, [user(LONG)])
+    [(_, rid)] = list(s.cluster.held)
+    pending = asyncio.create_task(turn(http, s, [*msgs, user("and then? " + LONG)]))
+    for _ in range(100):  # until the claim is in
+        if s.cluster.claims[("decode-0", rid)]:
+            break
+        await asyncio.sleep(0.01)
+    assert not s.decodes[0].release(rid)  # pressure during the read: the valve passes it by
+    outcome, _ = await pending
+    assert outcome == "hit" and s.cluster.reads[0].correct
+
+
+async def test_a_decode_without_the_route_is_read_as_before_and_asked_once(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(prefill_opts=CHECKS, decode_opts=CHECKS)
+    msgs: Messages = [user(LONG)]
+    outcomes = []
+    for i in range(3):
+        outcome, msgs = await turn(http, s, msgs, "c1")
+        outcomes.append(outcome)
+        msgs.append(user(f"step {i} " + LONG))
+    assert outcomes == ["miss", "hit", "hit"]
+    assert 'pdx_router_held_kv_claims_total{answer="no_valve"} 1.0' in await metrics(http, s)

@@ -1,0 +1,83 @@
+"""Claims on decode's held KV (policy/holds.py): a turn reads only a hold decode has pinned."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdx_router.policy import Outcome, holds, retry
+from pdx_router.policy.holds import Claim
+from pdx_router.policy.reuse import TurnPlan
+
+from .helpers import ep
+
+KV = {"do_remote_decode": True, "do_remote_prefill": False, "remote_request_id": "cmpl-7", "remote_block_ids": [[1]]}
+PLAN = TurnPlan(Outcome.HIT, reused_tokens=300, kv=KV, affinity="http://d0", checked_by_engines=True)
+
+
+def test_a_reading_turn_claims_decodes_request_id() -> None:
+    assert holds.hold_id(KV) == "cmpl-7"
+
+
+@pytest.mark.parametrize(
+    "kv",
+    [None, {}, {**KV, "do_remote_decode": False}, {**KV, "remote_request_id": ""}, {**KV, "remote_request_id": 7}],
+    ids=["fresh", "empty", "not-a-read", "blank-id", "number-id"],
+)
+def test_a_turn_that_reads_nothing_claims_nothing(kv: dict[str, object] | None) -> None:
+    assert holds.hold_id(kv) is None
+
+
+def _answer(held: list[str], valve: bool = True) -> dict[str, object]:
+    return {"held": held, "heldBlocks": 3, "capacityBlocks": 32, "releases": 1, "valve": valve}
+
+
+def test_decodes_answer_names_the_holds_it_pinned() -> None:
+    assert holds.read_answer("cmpl-7", 200, _answer(["cmpl-1", "cmpl-7"])) is Claim.HELD
+    assert holds.read_answer("cmpl-7", 200, _answer(["cmpl-1"])) is Claim.GONE
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "claim"),
+    [
+        (404, None, Claim.NO_VALVE),
+        (405, None, Claim.NO_VALVE),
+        (200, _answer([], valve=False), Claim.NO_VALVE),
+        (0, None, Claim.UNREACHABLE),
+        (500, None, Claim.FAILED),
+        (400, {"error": "claim: ..."}, Claim.FAILED),
+        (200, {"held": "cmpl-7"}, Claim.FAILED),
+        (200, [], Claim.FAILED),
+    ],
+    ids=["no-route", "no-method", "valve-off", "no-answer", "engine-error", "refused", "wrong-shape", "not-an-object"],
+)
+def test_an_answer_other_than_a_grant_or_a_release_reads_as_no_valve_or_a_failure(
+    status: int, body: object, claim: Claim
+) -> None:
+    assert holds.read_answer("cmpl-7", status, body) is claim
+
+
+def test_the_holder_is_found_by_url_even_while_it_drains() -> None:
+    draining = ep("decode", "http://d0")
+    draining.draining = True
+    pool = [ep("prefill", "http://d0"), ep("decode", "http://d1"), draining]
+    assert holds.holder(pool, "http://d0") is draining
+    assert holds.holder(pool, "http://d9") is None and holds.holder(pool, None) is None
+
+
+@pytest.mark.parametrize("claim", [Claim.HELD, Claim.NO_VALVE])
+def test_a_pinned_hold_or_one_that_cannot_be_released_is_read(claim: Claim) -> None:
+    first = retry.first_attempt(PLAN)
+    assert holds.after_claim(first, claim) == first
+
+
+@pytest.mark.parametrize("claim", [Claim.GONE, Claim.FAILED])
+def test_a_released_or_unconfirmed_hold_is_not_read_and_the_turn_says_released(claim: Claim) -> None:
+    after = holds.after_claim(retry.first_attempt(PLAN), claim)
+    assert after.outcome is Outcome.RELEASED and not after.reuse and after.kv is None
+    assert after.affinity == "http://d0"  # the decode is healthy: its prefix cache may still help
+    assert not after.retried  # a prefill failure later still gets its one retry
+
+
+def test_an_unreachable_holder_means_the_kv_went_with_it_and_another_decode_takes_the_turn() -> None:
+    after = holds.after_claim(retry.first_attempt(PLAN), Claim.UNREACHABLE)
+    assert after.outcome is Outcome.EXPIRED and not after.reuse and after.affinity is None
