@@ -428,6 +428,7 @@ def verdicts(rows: list[Row]) -> list[str]:
         ("pdx plain CPU / vllm-router's", ratio("pdx", "vllm-router"), 1.0, "x", every),
         ("pdx-reuse CPU / pdx plain", ratio("pdx-reuse", "pdx"), 1.25, "x", every),
         ("pdx-history CPU / pdx-reuse", ratio("pdx-history", "pdx-reuse"), 1.1, "x", every),
+        ("pdx+valve-reuse CPU / pdx-reuse", ratio("pdx+valve-reuse", "pdx-reuse"), 1.02, "x", every),
         ("pdx added TTFT p50 - vllm-router's", gap, 1.0, " ms", [8]),  # the TTFT target
     ]
     lines = ["targets (median over reps of each block's figure; every block's in brackets):"]
@@ -473,6 +474,8 @@ async def main_async(args: argparse.Namespace) -> None:
         # pair are engines without it, where the router checks the prefix on the prompt's ids.
         checked = spawn_fakes(pp, dp, "--checks-prefix")
         unchecked = spawn_fakes(pp2, dp2)
+        # The same engines with pdx's held-KV valve: every reused turn claims its hold first.
+        valved = spawn_fakes(free_port(), free_port(), "--checks-prefix", "--valve") if args.valve_row else None
         targets: list[Target] = [Target("direct", direct(P, D), fakes=checked)]
         starting: list[tuple[Target, Awaitable[None]]] = []
 
@@ -508,6 +511,9 @@ async def main_async(args: argparse.Namespace) -> None:
 
             pdx("pdx/pure", {**env, PURE_ENV: "1"})
             targets.pop()  # its reuse row: the plain one is the comparison
+        if valved is not None:
+            pdx("pdx+valve", env, on=valved)  # its reuse row beside pdx-reuse: what claims cost
+            targets.pop(-2)
         # The same router where it checks the prefix itself: on /tokenize's ids, and on its own
         # tokenizer's; their plain rows are pdx's (only the reuse path differs).
         pdx("pdx/tok", env, on=unchecked)
@@ -667,6 +673,7 @@ def main() -> None:
     ap.add_argument("--no-peers", action="store_true", help="pdx-router's rows only (no install, no download)")
     ap.add_argument("--tokenizer-row", action="store_true", help="also pdx-router with its own tokenizer (reuse)")
     ap.add_argument("--pure-row", action="store_true", help="also pdx-router on its pure-Python data path (plain)")
+    ap.add_argument("--valve-row", action="store_true", help="also pdx-router reusing on engines with the KV valve")
     ap.add_argument("--profile", help="cProfile pdx-router (this revision's) into this file")
     ap.add_argument("--only", nargs="+", help="targets to run besides direct (default: all)")
     ap.add_argument("--think-ms", type=float, default=0.0, help="mean pause between turns (default: none)")

@@ -20,13 +20,14 @@ from .base import Document
 PATH = "/v1/pdx/holds"
 
 HoldId = str  # decode's request id: `remote_request_id` in decode's kv_transfer_params
+MAX_IDS = 256  # ids per list in one request
 
 
 class HoldsRequest(Document):
     """Claims to take and claims to drop, by hold id; either may be empty."""
 
-    claim: list[HoldId] = Field(default_factory=list, max_length=256)
-    release_claim: list[HoldId] = Field(default_factory=list, max_length=256)
+    claim: list[HoldId] = Field(default_factory=list, max_length=MAX_IDS)
+    release_claim: list[HoldId] = Field(default_factory=list, max_length=MAX_IDS)
 
 
 class HoldsAnswer(Document):

@@ -4,8 +4,9 @@ With bidirectional transfer vLLM pins a finished turn's blocks on decode until p
 them or ``decoder_kv_blocks_ttl`` runs out; when agents' held conversations fill the cache,
 new requests wait for the TTL (minutes). With this plugin, whenever the scheduler cannot
 allocate blocks for a request (admission, a P->D read's landing, a local turn, a running
-request's growth), it first releases held turns, least recently used first, until the request
-fits; only then does vLLM wait or preempt as before.
+request's growth), it first releases held turns until the request fits, those whose
+conversations come back last first (`Holds.victim`); only then does vLLM wait or preempt as
+before.
 
 Safety does not rest on a clock: a hold is released only while no router claims it
 (`pdx_contract.holds`). The router claims a hold before attaching it to a prefill request and
@@ -23,7 +24,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -37,6 +39,9 @@ ENGINE_CORE = "vllm.v1.engine.core"
 UTILITY = "pdx_holds"  # the EngineCore method the API server's route calls
 _MARK = "_pdx_held_kv"
 WAITED_KEPT = 4096  # request ids remembered so a request refused over many steps counts once
+GAPS_KEPT = 64  # the last gaps between turns measured (their median decides what goes first)
+MIN_GAPS = 4  # fewer say nothing: least recently used first until then
+STALE_GAPS = 2.0  # a hold idle this many typical gaps belongs to a conversation that has likely ended
 
 
 def valve_from_env(environ: Mapping[str, str] = os.environ) -> bool:
@@ -48,14 +53,17 @@ def valve_from_env(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 class Holds:
-    """Decode's finished turns whose blocks are kept for prefill, least recently used first.
+    """Decode's finished turns whose blocks are kept for prefill, and which one to release first.
 
-    Pure bookkeeping: the scheduler patch below calls it, tests drive it directly.
+    Pure bookkeeping: the scheduler patch below calls it, tests drive it directly (`clock`).
     """
 
-    def __init__(self, valve: bool = True) -> None:
+    def __init__(self, valve: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
         self.valve = valve
-        self._held: OrderedDict[str, int] = OrderedDict()  # hold id -> claims
+        self.clock = clock
+        self._held: OrderedDict[str, int] = OrderedDict()  # hold id -> claims, least recently used first
+        self._born: dict[str, float] = {}  # hold id -> when its turn ended
+        self._gaps: deque[float] = deque(maxlen=GAPS_KEPT)  # turn end -> the next turn's claim, seconds
         self._released: set[str] = set()  # freed early; the worker's "sent" report is still due
         self.releases = 0
         self._waited: OrderedDict[str, None] = OrderedDict()  # the last WAITED_KEPT ids counted below
@@ -67,15 +75,23 @@ class Holds:
     def __len__(self) -> int:
         return len(self._held)
 
+    def ids(self) -> list[str]:
+        return list(self._held)
+
     def add(self, hold: str) -> None:
         self._held[hold] = 0
         self._held.move_to_end(hold)
+        self._born[hold] = self.clock()
 
     def claim(self, ids: list[str]) -> list[str]:
-        """Pin each id still held; the pinned ones, which also count as just used."""
+        """Pin each id still held; the pinned ones, which also count as just used. A hold's first
+        claim measures its conversation's gap between turns."""
         out = []
         for hold in ids:
             if hold in self._held:
+                born = self._born.pop(hold, None)
+                if born is not None:
+                    self._gaps.append(self.clock() - born)
                 self._held[hold] += 1
                 self._held.move_to_end(hold)
                 out.append(hold)
@@ -96,15 +112,41 @@ class Holds:
             self._waited.popitem(last=False)
         self.waited += 1
 
+    def typical_gap(self) -> float | None:
+        """The median gap between a turn's end and its conversation's next claim, once measured."""
+        if len(self._gaps) < MIN_GAPS:
+            return None
+        return sorted(self._gaps)[len(self._gaps) // 2]
+
     def victim(self) -> str | None:
-        """The least recently used unclaimed hold, None when the valve is off or none is free."""
+        """The unclaimed hold to release first; None when the valve is off or none is free.
+
+        The one whose conversation comes back last: a hold idle for STALE_GAPS typical gaps
+        (its conversation has likely ended) before any other, the oldest first; else the
+        youngest, whose conversation waits out the longest think time before its next turn.
+        Least recently used alone thrashes under agents whose turns come round in a cycle:
+        it releases exactly the hold whose turn is next (0 of 12 turns reused at 2x overcommit,
+        docs/results/cpu-2026-12-05-overcommit-lru). Until gaps are measured: LRU.
+        """
         if not self.valve:
             return None
-        return next((hold for hold, claims in self._held.items() if claims == 0), None)
+        free = [hold for hold, claims in self._held.items() if claims == 0]
+        if not free:
+            return None
+        gap = self.typical_gap()
+        if gap is None:
+            return free[0]
+        now = self.clock()
+        stale = next((h for h in free if h in self._born and now - self._born[h] > STALE_GAPS * gap), None)
+        return stale if stale is not None else free[-1]
+
+    def _forget(self, hold: str) -> None:
+        self._held.pop(hold, None)
+        self._born.pop(hold, None)
 
     def released(self, hold: str) -> None:
         """``hold`` was freed early: forget it, and expect the worker to report it once more."""
-        self._held.pop(hold, None)
+        self._forget(hold)
         self._released.add(hold)
         self.releases += 1
 
@@ -112,16 +154,20 @@ class Holds:
         """The worker's "sent" report (read by prefill, or past the TTL), less what was released
         early and so already freed; those holds are forgotten."""
         for hold in sent:
-            self._held.pop(hold, None)
+            self._forget(hold)
         stale = sent & self._released
         self._released -= stale
         return sent - stale if stale else sent
+
+    def gone(self, hold: str) -> None:
+        """The scheduler no longer has ``hold`` (freed by vLLM itself)."""
+        self._forget(hold)
 
 
 def held_blocks(scheduler: Any, holds: Holds) -> int:
     manager = scheduler.kv_cache_manager
     total = 0
-    for hold in list(holds._held):
+    for hold in holds.ids():
         try:
             total += len(manager.get_block_ids(hold)[0])
         except (KeyError, IndexError):
@@ -133,7 +179,7 @@ def release(scheduler: Any, holds: Holds, hold: str) -> bool:
     """Free ``hold``'s blocks now and have the worker drop its send deadline; False if unknown."""
     request = scheduler.requests.get(hold)
     if request is None or not request.is_finished():
-        holds._held.pop(hold, None)
+        holds.gone(hold)
         return False
     scheduler._free_blocks(request)
     sender = getattr(getattr(scheduler, "connector", None), "connector_scheduler", None)

@@ -25,6 +25,7 @@ from pdx_contract.stats import Holding
 from . import answer
 from .answer import StreamedAnswer, StreamedText
 from .chat_tokens import ChatTokenizer, TextPrefix
+from .claims import ClaimDrops
 from .config import ConfigError, RouterConfig
 from .discovery import Discovery, Pool
 from .endpoints import Endpoint
@@ -85,7 +86,7 @@ class Claimed:
 class Router:
     def __init__(self, cfg: RouterConfig, store: Store | None = None) -> None:
         self.cfg = cfg
-        self._background: set[asyncio.Task[Any]] = set()
+        self.drops = ClaimDrops(self._send_drops)
         self.chat_tokens = ChatTokenizer.from_dir(cfg.tokenizer) if cfg.tokenizer else None
         self.trust = TokenizerTrust()
         self.pool = Pool()
@@ -346,7 +347,8 @@ class Router:
         decode = holds.holder(self.pool.endpoints, attempt.plan.affinity)
         if hold is None or decode is None or decode.claims is False:
             return None
-        status, body = await self._holds_call(decode, held_kv.HoldsRequest(claim=[hold]), ask)
+        asked = held_kv.HoldsRequest(claim=[hold], release_claim=self.drops.take(decode, ask.headers))
+        status, body = await self._holds_call(decode, asked, ask.headers)
         claim = holds.read_answer(hold, status, body)
         if claim is Claim.NO_VALVE and status in (404, 405):
             decode.claims = False  # no route: this engine runs no valve; stop asking it
@@ -356,11 +358,13 @@ class Router:
         pinned = (decode, hold) if claim is Claim.HELD else None
         return Claimed(holds.after_claim(attempt, claim), pinned)
 
-    async def _holds_call(self, decode: Endpoint, request: held_kv.HoldsRequest, ask: ClientRequest) -> tuple[int, Any]:
+    async def _holds_call(
+        self, decode: Endpoint, request: held_kv.HoldsRequest, headers: dict[str, str]
+    ) -> tuple[int, Any]:
         """POST /v1/pdx/holds: the status (0: no answer) and the JSON body, if any."""
         try:
             head, raw = await self.upstream.post(
-                decode, held_kv.PATH, orjson.dumps(request.to_json()), ask.headers, total=True
+                decode, held_kv.PATH, orjson.dumps(request.to_json()), headers, total=True
             )
             return head.status, orjson.loads(raw)
         except ClientFacingError as exc:
@@ -372,12 +376,13 @@ class Router:
             return 200, None
 
     def _drop_claim(self, pinned: Pinned, ask: ClientRequest) -> None:
-        """Let decode release the hold again, off the turn's path (a lost drop only keeps the
-        hold pinned until a read or the TTL frees it, as without pdx's valve)."""
+        """Let decode release the hold again, off the turn's path (`claims`: with the next
+        claim to that decode, or alone shortly)."""
         decode, hold = pinned
-        task = asyncio.create_task(self._holds_call(decode, held_kv.HoldsRequest(release_claim=[hold]), ask))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self.drops.add(decode, hold, ask.headers)
+
+    async def _send_drops(self, decode: Endpoint, drops: list[str], headers: dict[str, str]) -> None:
+        await self._holds_call(decode, held_kv.HoldsRequest(release_claim=drops), headers)
 
     def _local_decode(self, ask: ClientRequest, plan: TurnPlan, gen: str) -> Endpoint | None:
         """The decode to prefill this turn on, if `local.decide` says so (each turn it could

@@ -27,6 +27,53 @@ def test_the_victim_is_the_least_recently_used_unclaimed_hold() -> None:
     assert holds.victim() == "c"
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _cycle(holds: Holds, clock: Clock, names: list[str], gap: float) -> None:
+    """Each conversation's turn ends, and `gap` later its next turn claims it (read, freed)."""
+    for name in names:
+        holds.add(name)
+        clock.now += gap / len(names)
+    for name in names:
+        holds.claim([name])
+        holds.finished({name})
+        clock.now += gap / len(names)
+
+
+def test_once_gaps_are_known_the_youngest_hold_goes_first_its_turn_comes_last() -> None:
+    clock = Clock()
+    holds = Holds(clock=clock)
+    _cycle(holds, clock, ["a", "b", "c", "d"], gap=10.0)
+    assert holds.typical_gap() == pytest.approx(10.0)
+    for name in ("a", "b", "c"):  # round-robin agents: a's turn is next, c's last
+        holds.add(name)
+        clock.now += 2.5
+    assert holds.victim() == "c"
+
+
+def test_a_hold_idle_for_twice_the_typical_gap_goes_before_any_other() -> None:
+    clock = Clock()
+    holds = Holds(clock=clock)
+    _cycle(holds, clock, ["a", "b", "c", "d"], gap=10.0)
+    holds.add("abandoned")
+    clock.now += 25.0  # over 2 typical gaps: its conversation has likely ended
+    holds.add("fresh")
+    assert holds.victim() == "abandoned"
+
+
+def test_before_any_gap_is_measured_the_least_recently_used_goes_first() -> None:
+    holds = Holds(clock=Clock())
+    holds.add("old")
+    holds.add("new")
+    assert holds.typical_gap() is None and holds.victim() == "old"
+
+
 def test_a_claim_names_only_holds_still_kept() -> None:
     holds = Holds()
     holds.add("a")

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sysconfig
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,13 +22,13 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
 from pdx.local.topology import free_port
 from pdx_contract.router_config import TenancyConfig
 from pdx_router.config import RouterConfig, StoreConfig
 from pdx_router.store import MemoryStore
-from pdx_router.testing.fake_engine import Cluster, EngineOptions, FakeEngine
+from pdx_router.testing.fake_engine import Cluster, EngineOptions
+from tests.faults.conftest import KillableEngine
 from tests.faults.tally import TALLY
 from tests.router.conftest import StackFactory, start_router
 from tests.router.helpers import LONG, assistant, user
@@ -156,42 +156,6 @@ def redis_server() -> Iterator[RedisServer]:
     yield srv
     if srv.proc is not None:
         srv.kill()
-
-
-class KillableEngine:
-    """A fake engine whose server can be killed (connections cut, no graceful drain) and
-    started again on the same port."""
-
-    def __init__(self, cluster: Cluster, opts: EngineOptions) -> None:
-        self.cluster, self.opts = cluster, opts
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.engine: FakeEngine | None = None
-        self.runner: web.AppRunner | None = None
-
-    async def start(self) -> FakeEngine:
-        self.engine = FakeEngine(self.cluster, self.opts)
-        self.runner = web.AppRunner(self.engine.app, handler_cancellation=True, access_log=None, shutdown_timeout=0.1)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
-        return self.engine
-
-    async def kill(self) -> None:
-        assert self.runner is not None and self.runner.server is not None
-        for proto in list(self.runner.server.connections):
-            if proto.transport is not None:
-                proto.transport.abort()
-        await self.runner.cleanup()
-        self.runner = None
-
-
-@pytest.fixture
-async def killable() -> AsyncIterator[list[KillableEngine]]:
-    engines: list[KillableEngine] = []
-    yield engines
-    for e in engines:
-        if e.runner is not None:
-            await e.runner.cleanup()
 
 
 def injected(name: str) -> str:

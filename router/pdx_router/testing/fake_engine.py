@@ -627,7 +627,7 @@ async def _serve_pair(args: Any) -> None:
         "checks_prefix": args.checks_prefix,
     }
     await start_engine(cluster, EngineOptions("prefill", "prefill-0", **common), port=args.prefill_port)
-    await start_engine(cluster, EngineOptions("decode", "decode-0", **common), port=args.decode_port)
+    await start_engine(cluster, EngineOptions("decode", "decode-0", **common, valve=args.valve), port=args.decode_port)
     print("fake engines ready", flush=True)
     await _sample_lag()
 
@@ -645,6 +645,7 @@ def main() -> None:
     p.add_argument("--output-tokens", type=int, default=16)
     p.add_argument("--tokenizer", help="model directory whose tokenizer and chat template to use")
     p.add_argument("--checks-prefix", action="store_true", help="as the pdx engine plugin (kv_prefix)")
+    p.add_argument("--valve", action="store_true", help="decode answers claims on its held KV (pdx_engine.held_kv)")
     try:
         import uvloop
 

@@ -1,0 +1,72 @@
+"""Dropped claims on decode's held KV, sent with the next claim to the same decode, or alone
+after a short wait (`pdx_contract.holds`).
+
+Every reused turn claims its hold before prefill reads it and drops the claim once prefill has
+answered. Sending each drop on its own would double the router's calls to decode; under load
+the next turn's claim to that decode is milliseconds away, so the drop rides along with it. A
+drop waits at most `flush_seconds` (the hold stays pinned that much longer; pressure then
+releases another hold first). A drop lost with a failed call leaves the hold to a read or the
+TTL, as without pdx's valve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from pdx_contract.holds import MAX_IDS
+
+from .endpoints import Endpoint
+
+FLUSH_SECONDS = 0.05
+
+Send = Callable[[Endpoint, list[str], dict[str, str]], Coroutine[Any, Any, None]]
+_Key = tuple[str, tuple[tuple[str, str], ...]]  # the decode's URL, and the headers the call needs
+
+
+class ClaimDrops:
+    """Pending drops per decode (and per engine headers: a call carries one client's auth)."""
+
+    def __init__(self, send: Send, flush_seconds: float = FLUSH_SECONDS) -> None:
+        self.send = send
+        self.flush_seconds = flush_seconds
+        self._pending: dict[_Key, tuple[Endpoint, list[str]]] = {}
+        self._timers: dict[_Key, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def add(self, decode: Endpoint, hold: str, headers: dict[str, str]) -> None:
+        key = (decode.url, tuple(sorted(headers.items())))
+        self._pending.setdefault(key, (decode, []))[1].append(hold)
+        if key not in self._timers:
+            self._timers[key] = asyncio.get_running_loop().call_later(self.flush_seconds, self._flush, key)
+
+    def take(self, decode: Endpoint, headers: dict[str, str]) -> list[str]:
+        """The drops a claim to `decode` with these headers carries (at most MAX_IDS)."""
+        key = (decode.url, tuple(sorted(headers.items())))
+        entry = self._pending.get(key)
+        if entry is None:
+            return []
+        taken, rest = entry[1][:MAX_IDS], entry[1][MAX_IDS:]
+        if rest:
+            self._pending[key] = (entry[0], rest)
+        else:
+            del self._pending[key]
+            timer = self._timers.pop(key, None)
+            if timer is not None:
+                timer.cancel()
+        return taken
+
+    def _flush(self, key: _Key) -> None:
+        self._timers.pop(key, None)
+        entry = self._pending.pop(key, None)
+        if entry is None:
+            return
+        decode, drops = entry
+        for start in range(0, len(drops), MAX_IDS):
+            task = asyncio.create_task(self.send(decode, drops[start : start + MAX_IDS], dict(key[1])))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def pending(self) -> int:
+        return sum(len(drops) for _, drops in self._pending.values())
