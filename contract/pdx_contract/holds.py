@@ -1,7 +1,7 @@
 """Decode's held KV as the router claims it: ``POST /v1/pdx/holds`` on a decode engine.
 
 Held KV is a cache, never a reservation: when a request would wait for blocks, decode's
-engine plugin (`pdx_engine.held_kv`) releases held conversations, least recently used first.
+engine plugin (`pdx_engine.held_kv`) releases held conversations (those that come back last first).
 An early release must never let prefill read blocks that were freed and reused, and the guard
 must not depend on a clock. So a hold is released only while unclaimed: before the router
 attaches a hold to a prefill request it claims it here, and decode answers which of the holds

@@ -249,7 +249,7 @@ def patch_scheduler(module: Any, valve: bool) -> bool:
     cls._free_request = _free_request
     cls._update_from_kv_xfer_finished = _update_from_kv_xfer_finished
     setattr(cls, _MARK, True)
-    logger.info("pdx plugin: held KV is released under pressure, LRU first (valve %s)", "on" if valve else "off")
+    logger.info("pdx plugin: held KV yields to new work under pressure (valve %s)", "on" if valve else "off")
     return True
 
 

@@ -239,8 +239,9 @@ class KvTransferSpec(_Spec):
     """kv_recompute_threshold: fewest reusable tokens worth a remote read instead of recompute."""
     release_under_pressure: bool = True
     """Held KV is a cache: when a request would wait for KV blocks, decode first releases held turns
-    the router has not claimed for a read, least recently used first (pdx's engine plugin); their next
-    turn is `released` and recomputed. Off: held turns stay until read or past the TTL, and new work waits."""
+    the router has not claimed for a read, those whose conversations come back last first (pdx's
+    engine plugin); their next turn is `released` and recomputed. Off: held turns stay until read or
+    past the TTL, and new work waits."""
     kv_lease_duration_seconds: int = Field(default=120, ge=MIN_KV_LEASE_SECONDS, le=MAX_KV_LEASE_SECONDS)
     """kv_lease_duration: seconds prefill holds a finished prefill's blocks for decode to read (vLLM: 30).
     Decode's heartbeats renew it (every 1/6 of it, by 2/3 of it), but only once decode's scheduler has the request.

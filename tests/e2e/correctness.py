@@ -70,6 +70,7 @@ class Plugin:
     source: str
     switches: tuple[str, ...] = ()
     optional: bool = False
+    also: tuple[str, ...] = ()  # other files whose lines are this plugin's
 
     def expected(self, env: Mapping[str, str]) -> bool:
         """Whether an engine with this environment must log this plugin's line."""
@@ -85,6 +86,7 @@ PLUGINS: dict[str, Plugin] = {
     "pdx_engine_idle_wait": Plugin("idle_wait.py", (idle_wait.ENV,)),
     "pdx_shm_recheck": Plugin("shm_recheck.py", (shm_recheck.ENV, shm_recheck.BUSY_ENV)),
     "pdx_tokenize_cache": Plugin("tokenize_cache.py", (tokenize_cache.ENV,)),
+    "pdx_held_kv": Plugin("held_kv.py", also=("holds_route.py",)),
 }
 # vLLM's line format: "(EngineCore pid=1) INFO 12-03 11:43:44 [idle_wait.py:88] pdx plugin: ...".
 _PLUGIN_LINE = re.compile(
@@ -287,7 +289,7 @@ def plugin_report(log_text: str, env: Mapping[str, str]) -> tuple[dict[str, int]
     """One engine log: each plugin's INFO lines, and what is wrong (a warning or error from a
     plugin, a failed load, a plugin that is on and said nothing)."""
     counts = dict.fromkeys(PLUGINS, 0)
-    by_source = {p.source: name for name, p in PLUGINS.items()}
+    by_source = {source: name for name, p in PLUGINS.items() for source in (p.source, *p.also)}
     problems: list[str] = []
     for line in log_text.splitlines():
         if _FAILED_LOAD in line and "pdx_" in line:

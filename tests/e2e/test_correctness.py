@@ -42,6 +42,9 @@ GPU_LOG = (
     "(APIServer pid=7) INFO 12-03 11:43:35 [prefix_check.py:78] pdx plugin: NIXL reads of decode's KV check the"
     " prompt's tokens\n(EngineCore_DP0 pid=9) INFO 12-03 11:43:56 [prefix_check.py:78] pdx plugin: NIXL reads of"
     " decode's KV check the prompt's tokens\n(EngineCore_DP0 pid=9) INFO 12-03 11:43:57 [core.py:133] Initializing\n"
+    "(EngineCore_DP0 pid=9) INFO 12-03 11:43:58 [held_kv.py:252] pdx plugin: held KV yields to new work under"
+    " pressure (valve on)\n(APIServer pid=7) INFO 12-03 11:43:59 [holds_route.py:72] pdx plugin:"
+    " vllm.entrypoints.launchers.app serves /v1/pdx/holds (claims on decode's held KV)\n"
 )
 
 

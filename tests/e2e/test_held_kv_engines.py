@@ -133,4 +133,4 @@ def test_a_claimed_hold_outlives_pressure_and_yields_once_the_claim_is_dropped(t
         chat(router, history(name), conversation=None)
     assert holds(decode, contract.HoldsRequest(claim=[pinned])).held == []
     log = topo.log_path(topo.by_role("decode")[0].name).read_text()
-    assert "held KV is released under pressure, LRU first (valve on)" in log
+    assert "held KV yields to new work under pressure (valve on)" in log

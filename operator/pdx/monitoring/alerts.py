@@ -113,7 +113,7 @@ ALERTS: tuple[Alert, ...] = (
         summary=f"{_INSTANCE}: over 20% of returning turns found their KV released under memory pressure",
         description=(
             "Decode's KV cache is too small for the conversations live within the TTL: it released "
-            "their held KV, least recently used first, to admit new work, and those turns recomputed "
+            "their held KV to admit new work, and those turns recomputed "
             "their history (outcome released). Nothing waits, but TTFT climbs for them. Add decode "
             "replicas (spec.decode.replicas), or give decode more KV memory; a longer TTL does not help. "
             "docs/operator.md, \"Sizing the TTL and decode's KV\"."
