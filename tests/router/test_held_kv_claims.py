@@ -25,6 +25,17 @@ async def turn(
     return headers["X-PDX-Reuse"], [*msgs, assistant(data["choices"][0]["message"]["content"])]
 
 
+async def three_turns(http: aiohttp.ClientSession, s: Stack) -> list[str]:
+    """Three turns of one conversation (by id), each adding a long message: their outcomes."""
+    msgs: Messages = [user(LONG)]
+    outcomes = []
+    for i in range(3):
+        outcome, msgs = await turn(http, s, msgs, "c1")
+        outcomes.append(outcome)
+        msgs.append(user(f"step {i} " + LONG))
+    return outcomes
+
+
 async def metrics(http: aiohttp.ClientSession, s: Stack) -> str:
     async with http.get(s.url + "/metrics") as r:
         return await r.text()
@@ -59,13 +70,7 @@ async def test_a_dropped_claim_rides_with_the_next_claim_to_that_decode(
 ) -> None:
     s = await make_stack(prefill_opts=CHECKS, decode_opts={**CHECKS, "valve": True})
     s.router.drops.flush_seconds = 60.0  # no flush on its own within the test
-    msgs: Messages = [user(LONG)]
-    outcomes = []
-    for i in range(3):
-        outcome, msgs = await turn(http, s, msgs, "c1")
-        outcomes.append(outcome)
-        msgs.append(user(f"step {i} " + LONG))
-    assert outcomes == ["miss", "hit", "hit"]
+    assert await three_turns(http, s) == ["miss", "hit", "hit"]
     calls = holds_calls(s)
     assert len(calls) == 2  # two reused turns, two calls: the first drop rode with the second claim
     assert calls[1]["releaseClaim"] == calls[0]["claim"]
@@ -111,11 +116,5 @@ async def test_a_decode_without_the_route_is_read_as_before_and_asked_once(
     make_stack: StackFactory, http: aiohttp.ClientSession
 ) -> None:
     s = await make_stack(prefill_opts=CHECKS, decode_opts=CHECKS)
-    msgs: Messages = [user(LONG)]
-    outcomes = []
-    for i in range(3):
-        outcome, msgs = await turn(http, s, msgs, "c1")
-        outcomes.append(outcome)
-        msgs.append(user(f"step {i} " + LONG))
-    assert outcomes == ["miss", "hit", "hit"]
+    assert await three_turns(http, s) == ["miss", "hit", "hit"]
     assert 'pdx_router_held_kv_claims_total{answer="no_valve"} 1.0' in await metrics(http, s)
