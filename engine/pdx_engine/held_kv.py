@@ -30,13 +30,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pdx_contract import holds as contract
+from pdx_engine import holds_route
 
 logger = logging.getLogger("vllm.pdx_plugin")
 
 ENV = "PDX_HELD_KV_VALVE"
 SCHEDULER = "vllm.v1.core.sched.scheduler"
 ENGINE_CORE = "vllm.v1.engine.core"
-UTILITY = "pdx_holds"  # the EngineCore method the API server's route calls
 _MARK = "_pdx_held_kv"
 WAITED_KEPT = 4096  # request ids remembered so a request refused over many steps counts once
 GAPS_KEPT = 64  # the last gaps between turns measured (their median decides what goes first)
@@ -71,9 +71,6 @@ class Holds:
 
     def __contains__(self, hold: str) -> bool:
         return hold in self._held
-
-    def __len__(self) -> int:
-        return len(self._held)
 
     def ids(self) -> list[str]:
         return list(self._held)
@@ -192,7 +189,7 @@ def release(scheduler: Any, holds: Holds, hold: str) -> bool:
 
 
 def wrap_allocate(scheduler: Any, holds: Holds, allocate: Callable[..., Any]) -> Callable[..., Any]:
-    """``allocate_slots`` that releases unclaimed holds, LRU first, before it returns None."""
+    """``allocate_slots`` that releases unclaimed holds (`Holds.victim` first) before it returns None."""
 
     @functools.wraps(allocate)
     def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -272,19 +269,18 @@ def answer(scheduler: Any, request: contract.HoldsRequest) -> contract.HoldsAnsw
 def patch_engine_core(module: Any) -> bool:
     """Add the utility method the route calls (``EngineCore.pdx_holds``)."""
     cls = getattr(module, "EngineCore", None)
-    if cls is None or hasattr(cls, UTILITY):
+    if cls is None or hasattr(cls, holds_route.UTILITY):
         return False
 
     def pdx_holds(self: Any, body: dict[str, Any]) -> dict[str, Any]:
         return answer(self.scheduler, contract.HoldsRequest.model_validate(body)).to_json()
 
-    setattr(cls, UTILITY, pdx_holds)
+    setattr(cls, holds_route.UTILITY, pdx_holds)
     return True
 
 
 def register() -> None:
     """Entry point of the ``vllm.general_plugins`` group; safe to call repeatedly."""
-    from pdx_engine.holds_route import register as register_route
     from pdx_engine.import_hook import module_exists, on_import
 
     valve = valve_from_env()
@@ -293,4 +289,4 @@ def register() -> None:
         return
     on_import(SCHEDULER, lambda m: patch_scheduler(m, valve))
     on_import(ENGINE_CORE, patch_engine_core)
-    register_route()
+    holds_route.register()

@@ -30,7 +30,7 @@ MODULES = (
     "vllm.entrypoints.launchers.api_server.entry",
     "vllm.entrypoints.openai.api_server",
 )
-UTILITY = "pdx_holds"
+UTILITY = "pdx_holds"  # the EngineCore method held_kv adds and this route calls
 _MARK = "_pdx_holds_route"
 
 

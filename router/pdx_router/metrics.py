@@ -95,7 +95,8 @@ class Metrics:
             "pdx_router_held_kv_claims",
             "Claims on decode's held KV before a read, by answer: held (pinned, read), gone (released"
             " under memory pressure: the turn is `released`), no_valve (the engine never releases"
-            " early), failed (no answer: not read).",
+            " early), failed (an answer other than the route's: not read), unreachable (no answer:"
+            " the turn goes to another decode).",
             ["answer"],
             registry=r,
         )

@@ -235,9 +235,6 @@ class FakeEngine:
     def _blocks_for(self, n: int) -> list[int]:
         return [next(self._blocks) for _ in range(-(-n // self.cluster.block_size))]
 
-    def _holder_has_valve(self, engine_id: str) -> bool:
-        return engine_id in self.cluster.valves
-
     def check_read(self, kv: dict[str, Any], prompt: list[int]) -> Read | None:
         """What real prefill would read from decode, validated against what decode holds."""
         if not (kv.get("do_remote_decode") and kv.get("remote_block_ids")):
@@ -247,7 +244,7 @@ class FakeEngine:
         engine = str(kv.get("remote_engine_id"))
         key = (engine, str(kv.get("remote_request_id")))
         held = self.cluster.held.get(key)
-        if held is not None and self.cluster.claims[key] == 0 and self._holder_has_valve(engine):
+        if held is not None and self.cluster.claims[key] == 0 and engine in self.cluster.valves:
             self.cluster.unclaimed_reads += 1
         if held is None:
             return Read(engine, count, False, "decode holds no such request")
