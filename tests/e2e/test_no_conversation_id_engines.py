@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,13 @@ def test_an_openai_package_chat_loop_without_an_id_hits_from_turn_2(topo: LocalT
         msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": f"And service {i}?"}]
     client.close()
     assert seen == [("miss", "history"), ("hit", "history"), ("hit", "history")]
-    got = delta(before, counts(topo.router_url))
+    # a streamed turn is counted once its relay has ended, just after the client read [DONE]
+    deadline = time.monotonic() + 5
+    while True:
+        got = delta(before, counts(topo.router_url))
+        if (got.get("reuse.hit"), got.get("foundBy.history")) == (2, 2) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert (got.get("reuse.hit"), got.get("foundBy.history")) == (2, 2), got
 
 
@@ -177,5 +184,11 @@ def test_a_completions_loop_with_a_text_prompt_and_no_id_hits_from_turn_2(topo: 
         prompt += text + f"\nQuestion {i}: which service was slowest?\nAnswer:"
     client.close()
     assert seen == [("miss", "history"), ("hit", "history"), ("hit", "history")]
-    got = delta(before, counts(topo.router_url))
+    # a streamed turn is counted once its relay has ended, just after the client read [DONE]
+    deadline = time.monotonic() + 5
+    while True:
+        got = delta(before, counts(topo.router_url))
+        if (got.get("reuse.hit"), got.get("foundBy.history")) == (2, 2) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert (got.get("reuse.hit"), got.get("foundBy.history")) == (2, 2), got
