@@ -7,6 +7,8 @@ must not depend on a clock. So a hold is released only while unclaimed: before t
 attaches a hold to a prefill request it claims it here, and decode answers which of the holds
 it still has (now pinned); after prefill has answered (read done, or no read), the router
 drops the claim. A hold missing from the answer was released: that turn goes without reuse.
+Each answer also names the holds released early since the router last asked (``since``), so the
+next turn of a released conversation goes plain at once, without a claim.
 
 Typed here once: the engine plugin serves these, the router sends them.
 """
@@ -28,6 +30,8 @@ class HoldsRequest(Document):
 
     claim: list[HoldId] = Field(default_factory=list, max_length=MAX_IDS)
     release_claim: list[HoldId] = Field(default_factory=list, max_length=MAX_IDS)
+    since: int = Field(default=0, ge=0)
+    """The last `HoldsAnswer.seq` this caller saw: the answer names the releases after it."""
 
 
 class HoldsAnswer(Document):
@@ -42,6 +46,11 @@ class HoldsAnswer(Document):
     waited: int = Field(default=0, ge=0)
     """Requests refused KV blocks at least once while decode kept held KV (the valve off, or every
     hold claimed): what held KV cost new work, since the engine started."""
+    released: list[HoldId] = Field(default_factory=list)
+    """Holds released early after the request's ``since`` (the last MAX_IDS at most; all that
+    are kept when ``since`` is ahead of ``seq``: the engine restarted)."""
+    seq: int = Field(default=0, ge=0)
+    """Early releases counted since the engine started: the caller's next ``since``."""
     valve: bool = True
     """False when the plugin could not patch this vLLM: holds are then freed only by a read or
     the TTL, as without pdx, and claims always succeed while the TTL runs."""

@@ -40,7 +40,7 @@ ENGINE_CORE = "vllm.v1.engine.core"
 _MARK = "_pdx_held_kv"
 WAITED_KEPT = 4096  # request ids remembered so a request refused over many steps counts once
 GAPS_KEPT = 64  # the last gaps between turns measured (their median decides what goes first)
-MIN_GAPS = 4  # fewer say nothing: least recently used first until then
+MIN_GAPS = 4  # fewer say nothing: no hold is taken for stale until then
 STALE_GAPS = 2.0  # a hold idle this many typical gaps belongs to a conversation that has likely ended
 
 
@@ -65,7 +65,8 @@ class Holds:
         self._born: dict[str, float] = {}  # hold id -> when its turn ended
         self._gaps: deque[float] = deque(maxlen=GAPS_KEPT)  # turn end -> the next turn's claim, seconds
         self._released: set[str] = set()  # freed early; the worker's "sent" report is still due
-        self.releases = 0
+        self.releases = 0  # also the sequence number of the last release (`released_after`)
+        self._release_log: deque[tuple[int, str]] = deque(maxlen=contract.MAX_IDS)
         self._waited: OrderedDict[str, None] = OrderedDict()  # the last WAITED_KEPT ids counted below
         self.waited = 0  # requests refused blocks at least once while decode kept held KV
 
@@ -118,12 +119,14 @@ class Holds:
     def victim(self) -> str | None:
         """The unclaimed hold to release first; None when the valve is off or none is free.
 
-        The one whose conversation comes back last: a hold idle for STALE_GAPS typical gaps
-        (its conversation has likely ended) before any other, the oldest first; else the
+        The one whose conversation comes back last (Belady's choice, with every conversation
+        expected back one typical gap after its turn ended): a hold idle for STALE_GAPS typical
+        gaps (its conversation has likely ended) before any other, the oldest first; else the
         youngest, whose conversation waits out the longest think time before its next turn.
-        Least recently used alone thrashes under agents whose turns come round in a cycle:
-        it releases exactly the hold whose turn is next (0 of 12 turns reused at 2x overcommit,
-        docs/results/cpu-2026-12-05-overcommit-lru). Until gaps are measured: LRU.
+        Least recently used thrashes under agents whose turns come round in a cycle: it
+        releases exactly the hold whose turn is next (0 of 12 turns reused at 2x overcommit,
+        docs/results/cpu-2026-12-05-overcommit-lru). It is not the fallback before gaps are
+        measured either: gaps are measured by reads, which LRU never lets happen.
         """
         if not self.valve:
             return None
@@ -131,11 +134,12 @@ class Holds:
         if not free:
             return None
         gap = self.typical_gap()
-        if gap is None:
-            return free[0]
-        now = self.clock()
-        stale = next((h for h in free if h in self._born and now - self._born[h] > STALE_GAPS * gap), None)
-        return stale if stale is not None else free[-1]
+        if gap is not None:
+            now = self.clock()
+            stale = next((h for h in free if h in self._born and now - self._born[h] > STALE_GAPS * gap), None)
+            if stale is not None:
+                return stale
+        return free[-1]
 
     def _forget(self, hold: str) -> None:
         self._held.pop(hold, None)
@@ -146,6 +150,14 @@ class Holds:
         self._forget(hold)
         self._released.add(hold)
         self.releases += 1
+        self._release_log.append((self.releases, hold))
+
+    def released_after(self, since: int) -> list[str]:
+        """Holds released early after release number ``since`` (the last MAX_IDS); every kept one
+        when ``since`` is ahead (the caller saw an engine that has since restarted)."""
+        if since > self.releases:
+            since = 0
+        return [hold for seq, hold in self._release_log if seq > since]
 
     def finished(self, sent: set[str]) -> set[str]:
         """The worker's "sent" report (read by prefill, or past the TTL), less what was released
@@ -261,6 +273,8 @@ def answer(scheduler: Any, request: contract.HoldsRequest) -> contract.HoldsAnsw
         held_blocks=held_blocks(scheduler, holds),
         capacity_blocks=int(scheduler.kv_cache_manager.block_pool.num_gpu_blocks),
         releases=holds.releases,
+        released=holds.released_after(request.since),
+        seq=holds.releases,
         waited=holds.waited,
         valve=holds.valve,
     )

@@ -347,9 +347,11 @@ class Router:
         decode = holds.holder(self.pool.endpoints, attempt.plan.affinity)
         if hold is None or decode is None or decode.claims is False:
             return None
-        asked = held_kv.HoldsRequest(claim=[hold], release_claim=self.drops.take(decode, ask.headers))
-        status, body = await self._holds_call(decode, asked, ask.headers)
-        claim = holds.read_answer(hold, status, body)
+        if holds.known_released(decode, hold):  # decode said so already: no call
+            self.metrics.claim(Claim.GONE)
+            return Claimed(holds.after_claim(attempt, Claim.GONE), None)
+        status, answer = await self._holds_call(decode, [hold], self.drops.take(decode, ask.headers), ask.headers)
+        claim = holds.read(hold, status, answer)
         if claim is Claim.NO_VALVE and status in (404, 405):
             decode.claims = False  # no route: this engine runs no valve; stop asking it
         elif claim is Claim.UNREACHABLE:
@@ -359,14 +361,16 @@ class Router:
         return Claimed(holds.after_claim(attempt, claim), pinned)
 
     async def _holds_call(
-        self, decode: Endpoint, request: held_kv.HoldsRequest, headers: dict[str, str]
-    ) -> tuple[int, Any]:
-        """POST /v1/pdx/holds: the status (0: no answer) and the JSON body, if any."""
+        self, decode: Endpoint, claim: list[str], drops: list[str], headers: dict[str, str]
+    ) -> tuple[int, held_kv.HoldsAnswer | None]:
+        """POST /v1/pdx/holds: the status (0: no answer) and decode's answer, if it is one; the
+        holds it names as released early are noted on `decode`."""
+        request = held_kv.HoldsRequest(claim=claim, release_claim=drops, since=decode.released_seq)
         try:
             head, raw = await self.upstream.post(
                 decode, held_kv.PATH, orjson.dumps(request.to_json()), headers, total=True
             )
-            return head.status, orjson.loads(raw)
+            status, body = head.status, orjson.loads(raw)
         except ClientFacingError as exc:
             return exc.status, None
         except (UpstreamError, MalformedAnswer) as exc:
@@ -374,6 +378,10 @@ class Router:
             return (0 if exc.status is None else exc.status), None
         except orjson.JSONDecodeError:
             return 200, None
+        answer = holds.parse(status, body)
+        if answer is not None:
+            decode.note_releases(answer.released, answer.seq)
+        return status, answer
 
     def _drop_claim(self, pinned: Pinned, ask: ClientRequest) -> None:
         """Let decode release the hold again, off the turn's path (`claims`: with the next
@@ -382,7 +390,7 @@ class Router:
         self.drops.add(decode, hold, ask.headers)
 
     async def _send_drops(self, decode: Endpoint, drops: list[str], headers: dict[str, str]) -> None:
-        await self._holds_call(decode, held_kv.HoldsRequest(release_claim=drops), headers)
+        await self._holds_call(decode, [], drops, headers)
 
     def _local_decode(self, ask: ClientRequest, plan: TurnPlan, gen: str) -> Endpoint | None:
         """The decode to prefill this turn on, if `local.decide` says so (each turn it could

@@ -2,11 +2,11 @@
 after a short wait (`pdx_contract.holds`).
 
 Every reused turn claims its hold before prefill reads it and drops the claim once prefill has
-answered. Sending each drop on its own would double the router's calls to decode; under load
-the next turn's claim to that decode is milliseconds away, so the drop rides along with it. A
-drop waits at most `flush_seconds` (the hold stays pinned that much longer; pressure then
-releases another hold first). A drop lost with a failed call leaves the hold to a read or the
-TTL, as without pdx's valve.
+answered. Sending each drop on its own would double the router's calls to decode, so the drop
+rides along with the next claim to that decode, or goes alone after `flush_seconds`. A drop
+matters only for a hold prefill did not read (one it read is freed by decode anyway), so it
+can wait: the hold stays pinned that much longer, and pressure releases another hold first.
+A drop lost with a failed call leaves the hold to a read or the TTL, as without pdx's valve.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pdx_contract.holds import MAX_IDS
 
 from .endpoints import Endpoint
 
-FLUSH_SECONDS = 0.05
+FLUSH_SECONDS = 1.0
 
 Send = Callable[[Endpoint, list[str], dict[str, str]], Coroutine[Any, Any, None]]
 _Key = tuple[str, tuple[tuple[str, str], ...]]  # the decode's URL, and the headers the call needs

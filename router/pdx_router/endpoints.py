@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pdx_contract.endpoints import Role
 
 __all__ = ["Endpoint", "Role"]
+
+KNOWN_RELEASES = 4096  # hold ids a decode said it released early, remembered per decode
 
 
 @dataclass(eq=False)
@@ -24,4 +26,15 @@ class Endpoint:
     draining: bool = False  # decodes nothing; its entries are still read (see PublishedEndpoint)
     names_held: bool = False  # a decode whose last answer named the tokens it holds (kv_prefix)
     claims: bool | None = None  # answers claims on its held KV (policy.holds); False: no route, never asked again
+    released_seq: int = 0  # the last release count its holds answers gave (the next claim's `since`)
+    released: dict[str, None] = field(default_factory=dict)  # holds it released early, oldest first
     engine_load: int | None = None  # running + waiting requests, from its /metrics at the last health check
+
+    def note_releases(self, holds: list[str], seq: int) -> None:
+        """Holds this decode says it released early (its answer to a claim): their turns go
+        plain at once, without a claim."""
+        for hold in holds:
+            self.released[hold] = None
+        while len(self.released) > KNOWN_RELEASES:
+            del self.released[next(iter(self.released))]
+        self.released_seq = seq

@@ -3,8 +3,8 @@ pdx's valve in decode (pdx_engine.held_kv), the router claiming holds, the topol
 by the operator's code.
 
 Decode gets a KV cache of a few conversations. When a new conversation does not fit, decode
-releases the least recently used unclaimed hold at once, instead of waiting out the TTL (600 s
-here); that conversation's next turn is `released` and recomputed, never read, and its greedy
+releases the youngest unclaimed hold at once (its conversation comes back last), instead of
+waiting out the TTL (600 s here); that conversation's next turn is `released` and recomputed, never read, and its greedy
 output equals a recompute. A hold the router claimed is never released under it.
 """
 
@@ -77,19 +77,20 @@ def test_held_conversations_yield_to_new_ones_and_a_released_one_recomputes_corr
         first[name] = chat(router, msgs, conversation=None)
     filled_s = time.monotonic() - started
     after = holds(decode, contract.HoldsRequest())
-    # three conversations hold more than decode keeps: the oldest gave way, nobody waited the TTL
+    # three conversations hold more than decode keeps: the youngest hold gave way, nobody waited the TTL
     assert after.releases > before.releases, after
     assert after.held_blocks <= BLOCKS
     assert filled_s < TTL / 4, f"the first turns took {filled_s:.0f} s: a request waited for held KV"
-    # alpha's hold was released: its next turn recomputes (never reads), and equals a recompute
-    msgs = follow_up(convs["alpha"], first["alpha"], "Which unit reads highest?")
+    # beta's hold, the youngest when gamma needed room, was released: its next turn recomputes
+    # (never reads), and equals a recompute
+    msgs = follow_up(convs["beta"], first["beta"], "Which unit reads highest?")
     got = chat(router, msgs, conversation=None)
     reference = chat(prefill, msgs, conversation=None)
     assert got.reuse == "released", got.headers
     assert got.reused_tokens == 0
     assert got.tokens == reference.tokens, f"{got.text!r} != {reference.text!r}"
-    # gamma, the most recent, is still held: its next turn reads it back, and equals a recompute
-    msgs = follow_up(convs["gamma"], first["gamma"], "Which unit reads lowest?")
+    # alpha, the oldest, is still held: its next turn reads it back, and equals a recompute
+    msgs = follow_up(convs["alpha"], first["alpha"], "Which unit reads lowest?")
     got = chat(router, msgs, conversation=None)
     reference = chat(prefill, msgs, conversation=None)
     assert got.reuse in ("hit", "released"), got.headers

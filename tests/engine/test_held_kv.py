@@ -14,17 +14,17 @@ from pdx_engine import held_kv
 from pdx_engine.held_kv import Holds
 
 
-def test_the_victim_is_the_least_recently_used_unclaimed_hold() -> None:
+def test_the_victim_is_the_youngest_unclaimed_hold() -> None:
     holds = Holds()
     for hold in ("a", "b", "c"):
         holds.add(hold)
-    assert holds.victim() == "a"
-    assert holds.claim(["a"]) == ["a"]  # a claim pins it and counts as a use
-    assert holds.victim() == "b"
-    holds.claim(["b", "c"])
-    assert holds.victim() is None
-    holds.release_claim(["c"])
     assert holds.victim() == "c"
+    assert holds.claim(["c"]) == ["c"]  # a claim pins it
+    assert holds.victim() == "b"
+    holds.claim(["a", "b"])
+    assert holds.victim() is None
+    holds.release_claim(["a"])
+    assert holds.victim() == "a"
 
 
 class Clock:
@@ -67,11 +67,13 @@ def test_a_hold_idle_for_twice_the_typical_gap_goes_before_any_other() -> None:
     assert holds.victim() == "abandoned"
 
 
-def test_before_any_gap_is_measured_the_least_recently_used_goes_first() -> None:
-    holds = Holds(clock=Clock())
+def test_before_any_gap_is_measured_the_youngest_goes_first_and_none_is_stale() -> None:
+    clock = Clock()
+    holds = Holds(clock=clock)
     holds.add("old")
+    clock.now += 1000.0
     holds.add("new")
-    assert holds.typical_gap() is None and holds.victim() == "old"
+    assert holds.typical_gap() is None and holds.victim() == "new"
 
 
 def test_a_claim_names_only_holds_still_kept() -> None:
@@ -107,6 +109,18 @@ def test_the_workers_late_report_of_a_released_hold_is_swallowed_once() -> None:
     assert holds.finished({"a", "b", "x"}) == {"b", "x"}
     assert "b" not in holds
     assert holds.finished({"a"}) == {"a"}  # reported twice: the second is not ours to swallow
+
+
+def test_releases_are_named_after_the_callers_last_count_and_all_after_a_restart() -> None:
+    holds = Holds()
+    for hold in "abc":
+        holds.add(hold)
+    holds.released("a")
+    holds.released("b")
+    assert holds.released_after(0) == ["a", "b"]
+    assert holds.released_after(1) == ["b"]
+    assert holds.released_after(2) == []
+    assert holds.released_after(9) == ["a", "b"]  # the caller saw an engine that has since restarted
 
 
 # ---------------------------------------------------------------- the scheduler patch, on fakes
@@ -195,15 +209,15 @@ def _finish_turn(sched: FakeScheduler, req_id: str, blocks: int) -> None:
     sched._free_request(request, delay_free_blocks=True)
 
 
-def test_a_request_that_does_not_fit_releases_held_turns_oldest_first(patched: type[FakeScheduler]) -> None:
+def test_a_request_that_does_not_fit_releases_held_turns_youngest_first(patched: type[FakeScheduler]) -> None:
     sched = patched(blocks=10)
     for req_id in ("old", "mid", "new"):
         _finish_turn(sched, req_id, 3)
     fresh = FakeRequest("fresh", finished=False)
     sched.requests["fresh"] = fresh
     assert sched.kv_cache_manager.allocate_slots(fresh, 5) is not None
-    assert "old" not in sched.requests and "mid" not in sched.requests and "new" in sched.requests
-    assert sched.connector.connector_scheduler._reqs_need_send == {"old": float("-inf"), "mid": float("-inf")}
+    assert "new" not in sched.requests and "mid" not in sched.requests and "old" in sched.requests
+    assert sched.connector.connector_scheduler._reqs_need_send == {"new": float("-inf"), "mid": float("-inf")}
     answer = held_kv.answer(sched, contract.HoldsRequest())
     assert answer.releases == 2 and answer.held_blocks == 3 and answer.capacity_blocks == 10
     assert answer.waited == 0  # it found room: it never waited
@@ -246,7 +260,7 @@ def test_the_workers_report_of_a_released_hold_does_not_trip_vllms_assertion(pat
     _finish_turn(sched, "b", 2)
     sched.kv_cache_manager.allocate_slots(FakeRequest("c", finished=False), 2)
     sched._update_from_kv_xfer_finished(types.SimpleNamespace(finished_sending={"a", "b"}))
-    assert sched.freed_by_vllm == ["b"]  # a was freed by the valve already
+    assert sched.freed_by_vllm == ["a"]  # b (the younger) was freed by the valve already
     assert held_kv.answer(sched, contract.HoldsRequest(claim=["a", "b"])).held == []
 
 
@@ -254,7 +268,9 @@ def test_a_claim_on_a_released_hold_is_refused_so_the_router_recomputes(patched:
     sched = patched(blocks=3)
     _finish_turn(sched, "a", 3)
     sched.kv_cache_manager.allocate_slots(FakeRequest("b", finished=False), 1)
-    assert held_kv.answer(sched, contract.HoldsRequest(claim=["a"])).held == []
+    answer = held_kv.answer(sched, contract.HoldsRequest(claim=["a"]))
+    assert answer.held == [] and answer.released == ["a"] and answer.seq == 1
+    assert held_kv.answer(sched, contract.HoldsRequest(since=answer.seq)).released == []
 
 
 def test_an_unpatched_engine_grants_no_claim() -> None:

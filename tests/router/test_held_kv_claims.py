@@ -50,6 +50,7 @@ async def test_a_read_is_claimed_first_and_the_claim_dropped_after_prefill(
     make_stack: StackFactory, http: aiohttp.ClientSession, conversation: str | None
 ) -> None:
     s = await make_stack(prefill_opts=CHECKS, decode_opts={**CHECKS, "valve": True})
+    s.router.drops.flush_seconds = 0.05
     first, msgs = await turn(http, s, [user(LONG)], conversation)
     second, _ = await turn(http, s, [*msgs, user("and then? " + LONG)], conversation)
     assert (first, second) == ("miss", "hit")
@@ -94,6 +95,26 @@ async def test_a_hold_released_under_pressure_makes_the_next_turn_released_witho
     async with http.get(s.url + "/v1/pdx/stats") as r:
         assert (await r.json())["reuse"]["released"] == 1
     assert 'pdx_router_reuse_total{outcome="released"} 1.0' in await metrics(http, s)
+
+
+async def test_a_release_decode_named_in_an_earlier_answer_makes_the_turn_released_without_a_claim(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(prefill_opts=CHECKS, decode_opts={**CHECKS, "valve": True})
+    a, b = [user("a " + LONG)], [user("b " + LONG)]
+    _, a = await turn(http, s, a, "a")
+    _, b = await turn(http, s, b, "b")
+    rid_a = next(rid for (_, rid) in s.cluster.held)
+    assert s.decodes[0].release(rid_a)
+    outcome, b = await turn(http, s, [*b, user("and then? " + LONG)], "b")  # its claim's answer names a's release
+    assert outcome == "hit"
+    assert holds_calls(s)[-1]["since"] == 0
+    calls = len(holds_calls(s))
+    outcome, _ = await turn(http, s, [*a, user("and then? " + LONG)], "a")
+    assert outcome == "released"
+    assert len(holds_calls(s)) == calls  # no claim: decode had said so
+    assert len(s.cluster.reads) == 1 and s.cluster.reads[0].correct  # b's read only: a's blocks were never read
+    assert [e.released_seq for e in s.router.pool.endpoints if e.role == "decode"] == [1]
 
 
 async def test_a_claimed_hold_is_not_released_while_prefill_reads_it(

@@ -46,8 +46,29 @@ def holder(endpoints: Sequence[Endpoint], url: str | None) -> Endpoint | None:
     return next((e for e in endpoints if e.role == "decode" and e.url == url), None)
 
 
+def parse(status: int, body: Any) -> HoldsAnswer | None:
+    """Decode's answer to a holds call (HTTP status and JSON body), if it is one."""
+    if status != 200:
+        return None
+    try:
+        return HoldsAnswer.model_validate(body)
+    except ValidationError:
+        return None
+
+
+def known_released(decode: Endpoint, hold: str) -> bool:
+    """Decode already said it released `hold` (an earlier answer's `released`): no claim needed."""
+    return hold in decode.released
+
+
 def read_answer(hold: str, status: int, body: Any) -> Claim:
-    """Decode's answer (HTTP status, 0 for none, and JSON body) to a claim on `hold`.
+    """Decode's answer (HTTP status, 0 for none, and JSON body) to a claim on `hold`."""
+    return read(hold, status, parse(status, body))
+
+
+def read(hold: str, status: int, answer: HoldsAnswer | None) -> Claim:
+    """Decode's answer to a claim on `hold`: the HTTP status (0 for none) and what `parse` made
+    of the body.
 
     A decode without the route (404, 405) runs no valve. One whose plugin could not patch its
     scheduler says `valve: false`: it grants no claim, and releases nothing early either."""
@@ -55,11 +76,7 @@ def read_answer(hold: str, status: int, body: Any) -> Claim:
         return Claim.UNREACHABLE
     if status in (404, 405):
         return Claim.NO_VALVE
-    if status != 200:
-        return Claim.FAILED
-    try:
-        answer = HoldsAnswer.model_validate(body)
-    except ValidationError:
+    if answer is None:
         return Claim.FAILED
     if hold in answer.held:
         return Claim.HELD

@@ -198,6 +198,7 @@ class FakeEngine:
         self.cancelled = 0
         self.healthy = True
         self.releases = 0
+        self.released: list[str] = []  # in release order: the answers' `released` after `since`
         self._ids = itertools.count(1)
         self._blocks = itertools.count(1)
         self.app = web.Application()
@@ -264,6 +265,7 @@ class FakeEngine:
         if self.cluster.claims[key] > 0 or self.cluster.held.pop(key, None) is None:
             return False
         self.releases += 1
+        self.released.append(rid)
         return True
 
     # ------------------------------------------------------------ routes
@@ -281,7 +283,15 @@ class FakeEngine:
             self.cluster.claims[(engine, rid)] += 1
         mine = [h for (e, _), h in self.cluster.held.items() if e == engine]
         blocks = sum(len(h.block_ids) for h in mine)
-        answer = holds_contract.HoldsAnswer(held=held, held_blocks=blocks, capacity_blocks=1024, releases=self.releases)
+        since = asked.since if asked.since <= self.releases else 0
+        answer = holds_contract.HoldsAnswer(
+            held=held,
+            held_blocks=blocks,
+            capacity_blocks=1024,
+            releases=self.releases,
+            released=self.released[since:][-holds_contract.MAX_IDS :],
+            seq=self.releases,
+        )
         return self.json_response(answer.to_json())
 
     async def health(self, _req: web.Request) -> web.Response:
