@@ -71,6 +71,23 @@ class GapSummary(_Read):
     max: float = 0.0
 
 
+class HeldKvCounts(_Read):
+    """Decodes' held KV as the router last polled it (`pdx_contract.holds`, at each health check),
+    summed over the decodes that answered."""
+
+    decodes: int = 0
+    """Decodes that answered the holds route."""
+    valve_off: int = 0
+    """Of those, decodes that release no held KV under pressure: no route (an engine without
+    pdx's plugin), a vLLM the plugin could not patch, or releaseUnderPressure false."""
+    held_blocks: int = 0
+    capacity_blocks: int = 0
+    releases: int = 0
+    """Holds released early under pressure, since each engine started."""
+    waited: int = 0
+    """Requests refused KV blocks while held KV was there, since each engine started."""
+
+
 class RouterStats(_Read):
     reuse: ReuseCounts = ReuseCounts()
     reused_tokens: int = 0
@@ -84,6 +101,7 @@ class RouterStats(_Read):
     inter_turn_gap_seconds: GapSummary = GapSummary()
     router_tokenizer: Literal["off", "probation", "trusted", "disabled"] = "off"
     """The router's own tokenizer: not configured, on probation, trusted, or disabled after a mismatch."""
+    held_kv: HeldKvCounts = HeldKvCounts()
 
 
 class Holding(_Read):

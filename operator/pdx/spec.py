@@ -41,6 +41,7 @@ CONDITIONS: dict[str, str] = {
     "Degraded": "something needs a person: a rejected edit, a failed apply, failing pods, no EFA",
     "InvalidSpec": "the last edit was rejected; the fleet keeps the previous config",
     "EFAAvailable": "no engine refused to start for want of EFA",
+    "HeldKvPinned": "some decode keeps held KV until a read or the TTL (no valve): new work waits when it fills",
 }
 
 Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|m|k|M|G|T)?$")]
@@ -651,6 +652,11 @@ class ReuseStatus(_Status):
     percent of hits, decode's KV is too small for the conversations live within the TTL; add decode replicas."""
     recommended_ttl_seconds: int | None = None
     """decoderKvBlocksTtlSeconds that would cover the observed inter-turn gaps (p95 + margin); advice only."""
+    valve_off: int | None = None
+    """Decodes that keep held KV until a read or the TTL under memory pressure: releaseUnderPressure
+    false, an engine without pdx's plugin, or a vLLM the plugin could not patch (its log says so)."""
+    waited: int | None = None
+    """Requests decodes refused KV blocks while they kept held KV, since each engine started."""
 
 
 class DisaggregatedInferenceStatus(_Status):

@@ -25,7 +25,7 @@ from pdx_contract.stats import Holding
 from . import answer
 from .answer import StreamedAnswer, StreamedText
 from .chat_tokens import ChatTokenizer, TextPrefix
-from .claims import ClaimDrops
+from .claims import ClaimDrops, holds_call
 from .config import ConfigError, RouterConfig
 from .discovery import Discovery, Pool
 from .endpoints import Endpoint
@@ -34,7 +34,7 @@ from .errors import ClientFacingError, EngineTimeout, MalformedAnswer, NoEngines
 from .filters import StreamFilter, filter_response, well_formed_kv
 from .front import Answer, Request, Routes, Server, Stream, error_body, json_answer
 from .ids import IdText, of_list
-from .metrics import Metrics
+from .metrics import Metrics, held_kv_counts
 from .policy import Outcome, engines, holds, local, retry, reuse, shapes
 from .policy.holds import Claim
 from .policy.retry import Attempt, Hop, Retry
@@ -93,6 +93,7 @@ class Router:
         self.upstream = Upstream(cfg.upstream_timeout_seconds)
         self.store = store if store is not None else make_store(cfg)
         self.metrics = Metrics()
+        self.metrics.watch_decodes(lambda: self.pool.endpoints)
         self.discovery = Discovery(cfg, self.pool, self.upstream)
         self.local_rule = local.Rule(cfg.decode_local_max_tokens, cfg.decode_local_max_busy)
         self.front = shapes.Front(
@@ -155,7 +156,11 @@ class Router:
 
     async def stats(self, _req: Request) -> Answer:
         entries = await self._count()  # None: the store is down (its errors are counted)
-        stats = self.metrics.stats(entries or 0, self.trust.state if self.chat_tokens is not None else "off")
+        stats = self.metrics.stats(
+            entries or 0,
+            self.trust.state if self.chat_tokens is not None else "off",
+            held_kv_counts(self.pool.endpoints),
+        )
         stats = stats.model_copy(update={"store_bytes": await self._nbytes() or 0})
         return Answer(200, orjson.dumps(stats.to_json()))
 
@@ -363,25 +368,7 @@ class Router:
     async def _holds_call(
         self, decode: Endpoint, claim: list[str], drops: list[str], headers: dict[str, str]
     ) -> tuple[int, held_kv.HoldsAnswer | None]:
-        """POST /v1/pdx/holds: the status (0: no answer) and decode's answer, if it is one; the
-        holds it names as released early are noted on `decode`."""
-        request = held_kv.HoldsRequest(claim=claim, release_claim=drops, since=decode.released_seq)
-        try:
-            head, raw = await self.upstream.post(
-                decode, held_kv.PATH, orjson.dumps(request.to_json()), headers, total=True
-            )
-            status, body = head.status, orjson.loads(raw)
-        except ClientFacingError as exc:
-            return exc.status, None
-        except (UpstreamError, MalformedAnswer) as exc:
-            log.warning("claim on %s failed, no reuse this turn: %s", decode.url, exc)
-            return (0 if exc.status is None else exc.status), None
-        except orjson.JSONDecodeError:
-            return 200, None
-        answer = holds.parse(status, body)
-        if answer is not None:
-            decode.note_releases(answer.released, answer.seq)
-        return status, answer
+        return await holds_call(self.upstream, decode, claim, drops, headers)
 
     def _drop_claim(self, pinned: Pinned, ask: ClientRequest) -> None:
         """Let decode release the hold again, off the turn's path (`claims`: with the next

@@ -12,14 +12,45 @@ A drop lost with a failed call leaves the hold to a read or the TTL, as without 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from pdx_contract.holds import MAX_IDS
+import orjson
+
+from pdx_contract.holds import MAX_IDS, PATH, HoldsAnswer, HoldsRequest
 
 from .endpoints import Endpoint
+from .errors import ClientFacingError, MalformedAnswer, UpstreamError
+from .policy import holds
+from .upstream import Upstream
+
+log = logging.getLogger("pdx_router.claims")
 
 FLUSH_SECONDS = 1.0
+
+async def holds_call(
+    upstream: Upstream, decode: Endpoint, claim: list[str], drops: list[str], headers: dict[str, str]
+) -> tuple[int, HoldsAnswer | None]:
+    """POST /v1/pdx/holds: the status (0: no answer) and decode's answer, if it is one; the
+    holds it names as released early are noted on `decode` (`Endpoint.note_releases`)."""
+    request = HoldsRequest(claim=claim, release_claim=drops, since=decode.released_seq)
+    try:
+        head, raw = await upstream.post(decode, PATH, orjson.dumps(request.to_json()), headers, total=True)
+        status, body = head.status, orjson.loads(raw)
+    except ClientFacingError as exc:
+        return exc.status, None
+    except (UpstreamError, MalformedAnswer) as exc:
+        log.warning("holds call on %s failed: %s", decode.url, exc)
+        return (0 if exc.status is None else exc.status), None
+    except orjson.JSONDecodeError:
+        return 200, None
+    answer = holds.parse(status, body)
+    if answer is not None:
+        decode.note_releases(answer.released, answer.seq)
+        decode.held_kv = answer
+    return status, answer
+
 
 Send = Callable[[Endpoint, list[str], dict[str, str]], Coroutine[Any, Any, None]]
 _Key = tuple[str, tuple[tuple[str, str], ...]]  # the decode's URL, and the headers the call needs

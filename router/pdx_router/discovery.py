@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from pdx_contract.base import engine_url, problems
 from pdx_contract.endpoints import EndpointsDocument, PublishedEndpoint, Role
 
+from .claims import holds_call
 from .config import ConfigError, RouterConfig
 from .endpoints import Endpoint
 from .upstream import Upstream, block_size_from_metrics, load_from_metrics
@@ -194,6 +195,21 @@ class Discovery:
                 if status == 200:
                     ep.block_size = ep.block_size or block_size_from_metrics(text)
                     ep.engine_load = load_from_metrics(text) if load else None
+        if healthy and ep.role == "decode" and ep.claims is not False:
+            await self._poll_holds(ep)
+
+    async def _poll_holds(self, ep: Endpoint) -> None:
+        """Decode's held KV figures, its valve, and the holds it released early (their turns then
+        go plain without a claim): an empty holds call (`pdx_contract.holds`)."""
+        try:
+            status, answer = await holds_call(self.upstream, ep, [], [], {})
+        except Exception as exc:  # the health check goes on: these figures are for metrics and stats
+            log.debug("holds poll of %s failed: %s", ep.url, exc)
+            status, answer = 0, None
+        if status in (404, 405):
+            ep.claims = False  # no route: an engine without pdx's valve
+        if answer is None:
+            ep.held_kv = None
 
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check(ep) for ep in self.pool.endpoints))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pdx_contract.endpoints import Role
+from pdx_contract.holds import HoldsAnswer
 
 __all__ = ["Endpoint", "Role"]
 
@@ -28,6 +29,7 @@ class Endpoint:
     claims: bool | None = None  # answers claims on its held KV (policy.holds); False: no route, never asked again
     released_seq: int = 0  # the last release count its holds answers gave (the next claim's `since`)
     released: dict[str, None] = field(default_factory=dict)  # holds it released early, oldest first
+    held_kv: HoldsAnswer | None = None  # a decode's answer to the last health check's holds poll
     engine_load: int | None = None  # running + waiting requests, from its /metrics at the last health check
 
     def note_releases(self, holds: list[str], seq: int) -> None:

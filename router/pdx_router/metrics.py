@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from typing import Final, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-from pdx_contract.stats import REUSE_OUTCOMES, FoundCounts, GapSummary, PromptIdSources, ReuseCounts, RouterStats
+from pdx_contract.stats import (
+    REUSE_OUTCOMES,
+    FoundCounts,
+    GapSummary,
+    HeldKvCounts,
+    PromptIdSources,
+    ReuseCounts,
+    RouterStats,
+)
 
 from . import NATIVE
+from .endpoints import Endpoint
 from .policy import FoundBy, Outcome, local
 from .policy.holds import Claim
 
@@ -21,6 +33,65 @@ _GAP_BUCKETS: Final = (1, 5, 10, 30, 60, 120, 240, 300, 450, 480, 600, 1200, 360
 _STATUSES: Final = frozenset({200, 400, 401, 403, 404, 405, 408, 413, 422, 429, 500, 502, 503, 504})
 CLOSE_REASONS: Final = ("max_connections", "header_timeout")
 UNMATCHED: Final = "unmatched"  # the route label of every request no route matched (404, 405)
+
+
+class DecodesHeldKv(Collector):
+    """Each decode's held KV as the router last polled it (`discovery`, every health check):
+    read at scrape time from the pool, so a decode that left leaves no stale series."""
+
+    def __init__(self, endpoints: Callable[[], Sequence[Endpoint]]) -> None:
+        self.endpoints = endpoints
+
+    def collect(self) -> Iterator[Metric]:
+        blocks = GaugeMetricFamily(
+            "pdx_router_decode_held_kv_blocks",
+            "KV blocks decode keeps for finished turns' next turns.",
+            labels=["decode"],
+        )
+        capacity = GaugeMetricFamily(
+            "pdx_router_decode_kv_capacity_blocks", "KV blocks decode has in all.", labels=["decode"]
+        )
+        valve = GaugeMetricFamily(
+            "pdx_router_decode_held_kv_valve",
+            "1: decode releases held KV under memory pressure (pdx's valve); 0: it holds until a read or the TTL.",
+            labels=["decode"],
+        )
+        releases = CounterMetricFamily(
+            "pdx_router_decode_held_kv_releases",
+            "Holds decode released early under memory pressure, since the engine started.",
+            labels=["decode"],
+        )
+        waited = CounterMetricFamily(
+            "pdx_router_decode_held_kv_waited",
+            "Requests decode refused KV blocks while it kept held KV, since the engine started: held"
+            " KV made new work wait (the valve off, or every hold claimed).",
+            labels=["decode"],
+        )
+        for ep in self.endpoints():
+            answer = ep.held_kv
+            if ep.role != "decode" or answer is None:
+                continue
+            name = [ep.name or ep.url]
+            blocks.add_metric(name, answer.held_blocks)
+            capacity.add_metric(name, answer.capacity_blocks)
+            valve.add_metric(name, 1 if answer.valve else 0)
+            releases.add_metric(name, answer.releases)
+            waited.add_metric(name, answer.waited)
+        yield from (blocks, capacity, valve, releases, waited)
+
+
+def held_kv_counts(endpoints: Sequence[Endpoint]) -> HeldKvCounts:
+    """The decodes' last holds answers, summed (a decode without the route counts as valve off)."""
+    decodes = [ep for ep in endpoints if ep.role == "decode" and (ep.held_kv is not None or ep.claims is False)]
+    answers = [ep.held_kv for ep in decodes if ep.held_kv is not None]
+    return HeldKvCounts(
+        decodes=len(decodes),
+        valve_off=sum(1 for ep in decodes if ep.held_kv is None or not ep.held_kv.valve),
+        held_blocks=sum(a.held_blocks for a in answers),
+        capacity_blocks=sum(a.capacity_blocks for a in answers),
+        releases=sum(a.releases for a in answers),
+        waited=sum(a.waited for a in answers),
+    )
 
 
 class Metrics:
@@ -191,7 +262,16 @@ class Metrics:
         self._gap_count += 1
         self._gap_max = max(self._gap_max, seconds)
 
-    def stats(self, entries: int, router_tokenizer: Literal["off", "probation", "trusted", "disabled"]) -> RouterStats:
+    def watch_decodes(self, endpoints: Callable[[], Sequence[Endpoint]]) -> None:
+        """Export each decode's held KV figures (`DecodesHeldKv`) from this pool."""
+        self.registry.register(DecodesHeldKv(endpoints))
+
+    def stats(
+        self,
+        entries: int,
+        router_tokenizer: Literal["off", "probation", "trusted", "disabled"],
+        held_kv: HeldKvCounts | None = None,
+    ) -> RouterStats:
         gaps = sorted(self._gaps)
         return RouterStats(
             reuse=ReuseCounts(**self._counts),
@@ -204,6 +284,7 @@ class Metrics:
                 count=self._gap_count, p50=_quantile(gaps, 0.5), p95=_quantile(gaps, 0.95), max=self._gap_max
             ),
             router_tokenizer=router_tokenizer,
+            held_kv=held_kv if held_kv is not None else HeldKvCounts(),
         )
 
 

@@ -93,6 +93,17 @@ CASES: dict[str, Case] = {
         eval_time="40m",
         labels=DI,
     ),
+    # Decode refused blocks to a request a minute behind held KV; quiet: no waits, and waits that
+    # stopped long ago (an engine's count since it started does not move).
+    "PdxHeldKvMadeRequestsWait": Case(
+        firing=dict([s("pdx_router_decode_held_kv_waited_total", "0+1x30", decode="decode-0")]),
+        quiet=(
+            dict([s("pdx_router_decode_held_kv_waited_total", "0x30", decode="decode-0")]),
+            dict([s("pdx_router_decode_held_kv_waited_total", "0+1x5 5x60", decode="decode-0")]),
+        ),
+        eval_time="25m",
+        labels={**DI, "decode": "decode-0"},
+    ),
     "PdxTokenizerMismatch": Case(
         firing=dict([s("pdx_router_tokenize_mismatch_total", "0 0 0 0 0 1 1 1 1 1")]),
         quiet=(dict([s("pdx_router_tokenize_mismatch_total", "0x20")]),),

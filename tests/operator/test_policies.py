@@ -224,6 +224,25 @@ def test_turns_released_under_pressure_show_in_status_and_lower_the_hit_rate() -
     assert r is not None and r.released == 10 and r.hit_rate == 0.5  # 20 of the 40 with an entry
 
 
+def test_decodes_without_the_valve_show_as_a_held_kv_pinned_condition() -> None:
+    stats = {"heldKv": {"decodes": 2, "valveOff": 1, "heldBlocks": 40, "capacityBlocks": 80, "waited": 3}}
+    r = advice.reuse_status(stats)
+    assert r is not None and (r.valve_off, r.waited) == (1, 3)
+    c = conds(status.compute(replace(fleet("h1", 2, 2), reuse=r), None, NOW))["HeldKvPinned"]
+    assert (c.status, c.reason) == ("True", "ValveOff")
+    assert "1 decode(s)" in c.message and "releaseUnderPressure" in c.message
+    yields = advice.reuse_status({"heldKv": {"decodes": 2}})
+    c = conds(status.compute(replace(fleet("h1", 2, 2), reuse=yields), None, NOW))["HeldKvPinned"]
+    assert (c.status, c.reason) == ("False", "Yields")
+
+
+def test_before_the_router_polled_decodes_held_kv_is_not_observed() -> None:
+    r = advice.reuse_status({"reuse": {"hit": 1}})
+    assert r is not None and r.valve_off is None
+    c = conds(status.compute(replace(fleet("h1", 2, 2), reuse=r), None, NOW))["HeldKvPinned"]
+    assert (c.status, c.reason) == ("False", "NotObserved")
+
+
 def test_reuse_status_tolerates_empty_stats() -> None:
     r = advice.reuse_status({})
     assert r is not None

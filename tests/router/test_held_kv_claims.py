@@ -42,7 +42,12 @@ async def metrics(http: aiohttp.ClientSession, s: Stack) -> str:
 
 
 def holds_calls(s: Stack) -> list[dict[str, Any]]:
-    return [body for path, body in s.decode.requests if path == "/v1/pdx/holds"]
+    """The router's claims and drops (its health checks' empty polls left out)."""
+    return [
+        body
+        for path, body in s.decode.requests
+        if path == "/v1/pdx/holds" and (body["claim"] or body["releaseClaim"])
+    ]
 
 
 @pytest.mark.parametrize("conversation", [None, "c1"], ids=["by-history", "by-id"])
@@ -133,9 +138,41 @@ async def test_a_claimed_hold_is_not_released_while_prefill_reads_it(
     assert outcome == "hit" and s.cluster.reads[0].correct
 
 
-async def test_a_decode_without_the_route_is_read_as_before_and_asked_once(
+async def test_a_decode_without_the_route_is_read_as_before_and_never_claimed(
     make_stack: StackFactory, http: aiohttp.ClientSession
 ) -> None:
     s = await make_stack(prefill_opts=CHECKS, decode_opts=CHECKS)
     assert await three_turns(http, s) == ["miss", "hit", "hit"]
-    assert 'pdx_router_held_kv_claims_total{answer="no_valve"} 1.0' in await metrics(http, s)
+    # the start-up health check's poll found no route: no turn ever claims
+    assert [e.claims for e in s.router.pool.endpoints if e.role == "decode"] == [False]
+    assert 'pdx_router_held_kv_claims_total{answer="no_valve"} 0.0' in await metrics(http, s)
+
+
+async def test_each_health_check_polls_decodes_held_kv_for_metrics_stats_and_releases(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(prefill_opts=CHECKS, decode_opts={**CHECKS, "valve": True})
+    _, msgs = await turn(http, s, [user(LONG)], "c1")
+    [(_, rid)] = list(s.cluster.held)
+    assert s.decodes[0].release(rid)
+    await s.router.discovery.check_all()  # a health check: no claim, no turn
+    text = await metrics(http, s)
+    assert 'pdx_router_decode_held_kv_valve{decode="' in text and "} 1.0" in text
+    assert "pdx_router_decode_held_kv_releases_total{" in text and "pdx_router_decode_kv_capacity_blocks{" in text
+    async with http.get(s.url + "/v1/pdx/stats") as r:
+        held = (await r.json())["heldKv"]
+    assert held == {"decodes": 1, "valveOff": 0, "heldBlocks": 0, "capacityBlocks": 1024, "releases": 1, "waited": 0}
+    calls = len(holds_calls(s))
+    outcome, _ = await turn(http, s, [*msgs, user("and then? " + LONG)], "c1")
+    assert outcome == "released" and len(holds_calls(s)) == calls  # the poll had said so: no claim
+
+
+async def test_a_decode_without_the_route_counts_as_valve_off_in_the_stats(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(prefill_opts=CHECKS, decode_opts=CHECKS)
+    await s.router.discovery.check_all()
+    async with http.get(s.url + "/v1/pdx/stats") as r:
+        held = (await r.json())["heldKv"]
+    assert (held["decodes"], held["valveOff"]) == (1, 1)
+    assert "pdx_router_decode_held_kv_valve{" not in await metrics(http, s)

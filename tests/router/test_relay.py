@@ -28,14 +28,21 @@ async def decode_in_one_write() -> AsyncIterator[str]:
     leaves in one write, so the router reads all of it at once."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        await reader.readexactly(int(head.split(b"Content-Length: ", 1)[1].split(b"\r\n", 1)[0]))
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-            + chunked(*EVENTS)
-        )
-        await writer.drain()
-        await reader.read()  # until the router closes or reuses the connection
+        while True:  # the router reuses connections: its health checks' calls come first
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                break
+            length = head.split(b"Content-Length: ", 1)[1].split(b"\r\n", 1)[0] if b"Content-Length: " in head else b"0"
+            await reader.readexactly(int(length))
+            if not head.startswith(b"POST /v1/chat/completions "):
+                writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+                continue
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + chunked(*EVENTS)
+            )
+            await writer.drain()
         writer.close()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)

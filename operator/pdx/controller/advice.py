@@ -47,7 +47,7 @@ def reuse_status(raw: Mapping[str, Any]) -> ReuseStatus | None:
         stats = RouterStats.model_validate(raw)
     except ValidationError:
         return None
-    reuse, gaps = stats.reuse, stats.inter_turn_gap_seconds
+    reuse, gaps, held = stats.reuse, stats.inter_turn_gap_seconds, stats.held_kv
     with_entry = reuse.with_entry()
     return ReuseStatus(
         hit_rate=round(reuse.reused() / with_entry, 4) if with_entry else None,
@@ -55,4 +55,6 @@ def reuse_status(raw: Mapping[str, Any]) -> ReuseStatus | None:
         expired=reuse.expired,
         released=reuse.released,
         recommended_ttl_seconds=recommend_ttl(gaps.p95, gaps.count) if gaps.count else None,
+        valve_off=held.valve_off if held.decodes else None,
+        waited=held.waited if held.decodes else None,
     )

@@ -92,6 +92,21 @@ def _cond(
     )
 
 
+def held_kv_pinned(reuse: ReuseStatus | None) -> tuple[bool, str, str]:
+    """Whether a decode keeps held KV as a hard pin (no valve), from the router's last poll."""
+    if reuse is None or reuse.valve_off is None:
+        return False, "NotObserved", "the router has not yet polled decodes' held KV"
+    if reuse.valve_off:
+        return (
+            True,
+            "ValveOff",
+            f"{reuse.valve_off} decode(s) keep held KV until a read or the TTL: kvTransfer.releaseUnderPressure"
+            " is false, or the engine runs without pdx's plugin or with a vLLM it could not patch (its log says"
+            " 'pdx plugin'); new work waits when their KV fills",
+        )
+    return False, "Yields", "every decode releases held KV under memory pressure"
+
+
 def compute(obs: Observation, previous: DisaggregatedInferenceStatus | None, now: str) -> DisaggregatedInferenceStatus:
     """The whole status block; lastTransitionTime only moves when a condition's status does."""
     prev = {c.type: c for c in (previous.conditions if previous else [])}
@@ -157,6 +172,7 @@ def compute(obs: Observation, previous: DisaggregatedInferenceStatus | None, now
     else:
         efa = (True, "NoFailureReported", "no engine refused to start for want of EFA")
 
+    reuse = obs.reuse if obs.reuse is not None else (previous.reuse if previous else None)
     table = {
         "Ready": ready,
         "PrefillAvailable": avail["prefill"],
@@ -166,6 +182,7 @@ def compute(obs: Observation, previous: DisaggregatedInferenceStatus | None, now
         "Degraded": degraded,
         "InvalidSpec": invalid,
         "EFAAvailable": efa,
+        "HeldKvPinned": held_kv_pinned(reuse),
     }
     conditions = [_cond(t, *table[t], obs.generation, prev, now) for t in CONDITION_TYPES]
     return DisaggregatedInferenceStatus(
@@ -177,6 +194,6 @@ def compute(obs: Observation, previous: DisaggregatedInferenceStatus | None, now
         router=roles["router"],
         router_address=obs.router_address,
         bidirectional=obs.bidirectional,
-        reuse=obs.reuse if obs.reuse is not None else (previous.reuse if previous else None),
+        reuse=reuse,
         conditions=conditions,
     )

@@ -55,6 +55,8 @@ _TURNS_WITH_ENTRY = _rate(f'{REUSE}{{outcome!="miss"}}', "15m")
 _INSTANCE = "{{ $labels.namespace }}/{{ $labels.pdx_instance }}"
 _LOST = _rate(REUSE + '{outcome=~"expired|declined"}', "15m")
 _RELEASED = _rate(REUSE + '{outcome="released"}', "15m")
+# Each router replica polls every decode: the same figure several times, so max, not sum.
+_WAITED = f"max by ({BY}, decode) (increase(pdx_router_decode_held_kv_waited_total[10m]))"
 _MISMATCHES = f"sum by ({BY}) (increase(pdx_router_tokenize_mismatch_total[15m]))"
 # Clients' inference requests only: a not-ready router's 503s to its readiness probe, and
 # Prometheus's own scrapes, are no client errors.
@@ -116,6 +118,23 @@ ALERTS: tuple[Alert, ...] = (
             "their held KV to admit new work, and those turns recomputed "
             "their history (outcome released). Nothing waits, but TTFT climbs for them. Add decode "
             "replicas (spec.decode.replicas), or give decode more KV memory; a longer TTL does not help. "
+            "docs/operator.md, \"Sizing the TTL and decode's KV\"."
+        ),
+    ),
+    Alert(
+        name="PdxHeldKvMadeRequestsWait",
+        expr=f"{_WAITED} > 0",
+        signals=(_WAITED,),
+        for_="5m",
+        severity="warning",
+        summary=f"{_INSTANCE}: decode {{{{ $labels.decode }}}} made new requests wait behind held KV",
+        description=(
+            "Decode refused KV blocks to new requests while it kept finished turns' KV for their next "
+            "turn: held KV is a hard pin there, and those requests wait up to the TTL. Either the valve "
+            "is off (the instance's HeldKvPinned condition says so: releaseUnderPressure is "
+            "false, or the engine's log shows 'pdx plugin' could not patch its vLLM), or every hold "
+            "was being read at once. Set spec.kvTransfer.releaseUnderPressure: true, or add decode replicas "
+            "(spec.decode.replicas). "
             "docs/operator.md, \"Sizing the TTL and decode's KV\"."
         ),
     ),
