@@ -15,8 +15,11 @@ A release frees the blocks in the scheduler at once and tells the worker (NIXL's
 deadline, set to the past) to forget them; the worker's later "sent" report is swallowed.
 
 ``PDX_HELD_KV_VALVE=0`` turns the valve off (claims are still answered); anything else, or
-unset, leaves it on. A vLLM whose scheduler lacks what is patched here says so at start and
-answers claims with ``valve: false``.
+unset, leaves it on. ``PDX_HELD_KV_MAX_FRACTION`` (0 < f <= 1, from the CR's
+``kvTransfer.heldKvMaxFraction``) caps held KV at that share of the cache: a turn that ends past
+it releases holds at once, so new work finds that room without a release on its path. A vLLM
+whose scheduler lacks what is patched here says so at start and answers claims with
+``valve: false``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pdx_engine import holds_route
 logger = logging.getLogger("vllm.pdx_plugin")
 
 ENV = "PDX_HELD_KV_VALVE"
+FRACTION_ENV = "PDX_HELD_KV_MAX_FRACTION"
 SCHEDULER = "vllm.v1.core.sched.scheduler"
 ENGINE_CORE = "vllm.v1.engine.core"
 _MARK = "_pdx_held_kv"
@@ -52,6 +56,22 @@ def valve_from_env(environ: Mapping[str, str] = os.environ) -> bool:
     return raw != "0"
 
 
+def max_fraction_from_env(environ: Mapping[str, str] = os.environ) -> float | None:
+    """Held KV's largest share of the cache, or None (no cap)."""
+    raw = environ.get(FRACTION_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 1:
+        raise ValueError(
+            f"{FRACTION_ENV}={raw!r}: expected a share of decode's KV cache in (0, 1], e.g. 0.5, or unset it"
+        )
+    return value
+
+
 class Holds:
     """Decode's finished turns whose blocks are kept for prefill, and which one to release first.
 
@@ -63,6 +83,8 @@ class Holds:
         self.clock = clock
         self._held: OrderedDict[str, int] = OrderedDict()  # hold id -> claims, least recently used first
         self._born: dict[str, float] = {}  # hold id -> when its turn ended
+        self._blocks: dict[str, int] = {}  # hold id -> its KV blocks
+        self.blocks = 0  # held in all
         self._gaps: deque[float] = deque(maxlen=GAPS_KEPT)  # turn end -> the next turn's claim, seconds
         self._released: set[str] = set()  # freed early; the worker's "sent" report is still due
         self.releases = 0  # also the sequence number of the last release (`released_after`)
@@ -76,10 +98,13 @@ class Holds:
     def ids(self) -> list[str]:
         return list(self._held)
 
-    def add(self, hold: str) -> None:
+    def add(self, hold: str, blocks: int = 0) -> None:
+        if hold in self._held:
+            self._forget(hold)
         self._held[hold] = 0
-        self._held.move_to_end(hold)
         self._born[hold] = self.clock()
+        self._blocks[hold] = blocks
+        self.blocks += blocks
 
     def claim(self, ids: list[str]) -> list[str]:
         """Pin each id still held; the pinned ones, which also count as just used. A hold's first
@@ -144,6 +169,7 @@ class Holds:
     def _forget(self, hold: str) -> None:
         self._held.pop(hold, None)
         self._born.pop(hold, None)
+        self.blocks -= self._blocks.pop(hold, 0)
 
     def released(self, hold: str) -> None:
         """``hold`` was freed early: forget it, and expect the worker to report it once more."""
@@ -173,15 +199,12 @@ class Holds:
         self._forget(hold)
 
 
-def held_blocks(scheduler: Any, holds: Holds) -> int:
-    manager = scheduler.kv_cache_manager
-    total = 0
-    for hold in holds.ids():
-        try:
-            total += len(manager.get_block_ids(hold)[0])
-        except (KeyError, IndexError):
-            continue
-    return total
+def blocks_of(scheduler: Any, request_id: str) -> int:
+    """A request's KV blocks in the scheduler (its first KV cache group's)."""
+    try:
+        return len(scheduler.kv_cache_manager.get_block_ids(request_id)[0])
+    except (KeyError, IndexError):
+        return 0
 
 
 def release(scheduler: Any, holds: Holds, hold: str) -> bool:
@@ -216,13 +239,21 @@ def wrap_allocate(scheduler: Any, holds: Holds, allocate: Callable[..., Any]) ->
     return allocate_slots
 
 
+def trim(scheduler: Any, holds: Holds, limit: int | None) -> None:
+    """Release holds (`Holds.victim` first) until they keep at most `limit` blocks."""
+    if limit is None:
+        return
+    while holds.blocks > limit and (hold := holds.victim()) is not None:
+        release(scheduler, holds, hold)
+
+
 def _hold_of(request: Any) -> bool:
     """Whether a finished request's blocks stay for a later read by prefill (decode's hold)."""
     params = getattr(request, "kv_transfer_params", None)
     return isinstance(params, dict) and not params.get("do_remote_decode")
 
 
-def patch_scheduler(module: Any, valve: bool) -> bool:
+def patch_scheduler(module: Any, valve: bool, max_fraction: float | None = None) -> bool:
     """Install the bookkeeping and the valve on vLLM's Scheduler; True if patched now."""
     cls = getattr(module, "Scheduler", None)
     needed = ("_free_request", "_free_blocks", "_update_from_kv_xfer_finished")
@@ -239,12 +270,15 @@ def patch_scheduler(module: Any, valve: bool) -> bool:
         self._pdx_holds = Holds(valve)
         manager = self.kv_cache_manager
         manager.allocate_slots = wrap_allocate(self, self._pdx_holds, manager.allocate_slots)
+        total = int(manager.block_pool.num_gpu_blocks)
+        self._pdx_held_limit = int(max_fraction * total) if max_fraction is not None and valve else None
 
     @functools.wraps(free_request)
     def _free_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         out = free_request(self, request, *args, **kwargs)
         if request.request_id in self.requests and _hold_of(request):
-            self._pdx_holds.add(request.request_id)
+            self._pdx_holds.add(request.request_id, blocks_of(self, request.request_id))
+            trim(self, self._pdx_holds, self._pdx_held_limit)
         return out
 
     @functools.wraps(finished)
@@ -258,7 +292,8 @@ def patch_scheduler(module: Any, valve: bool) -> bool:
     cls._free_request = _free_request
     cls._update_from_kv_xfer_finished = _update_from_kv_xfer_finished
     setattr(cls, _MARK, True)
-    logger.info("pdx plugin: held KV yields to new work under pressure (valve %s)", "on" if valve else "off")
+    cap = f", held KV at most {max_fraction:g} of the cache" if max_fraction is not None and valve else ""
+    logger.info("pdx plugin: held KV yields to new work under pressure (valve %s%s)", "on" if valve else "off", cap)
     return True
 
 
@@ -270,7 +305,7 @@ def answer(scheduler: Any, request: contract.HoldsRequest) -> contract.HoldsAnsw
     holds.release_claim(list(request.release_claim))
     return contract.HoldsAnswer(
         held=holds.claim(list(request.claim)),
-        held_blocks=held_blocks(scheduler, holds),
+        held_blocks=holds.blocks,
         capacity_blocks=int(scheduler.kv_cache_manager.block_pool.num_gpu_blocks),
         releases=holds.releases,
         released=holds.released_after(request.since),
@@ -297,10 +332,10 @@ def register() -> None:
     """Entry point of the ``vllm.general_plugins`` group; safe to call repeatedly."""
     from pdx_engine.import_hook import module_exists, on_import
 
-    valve = valve_from_env()
+    valve, max_fraction = valve_from_env(), max_fraction_from_env()
     if not module_exists(SCHEDULER) or not module_exists(ENGINE_CORE):
         logger.error("pdx plugin: this vLLM has no %s; held KV is freed only by the TTL", SCHEDULER)
         return
-    on_import(SCHEDULER, lambda m: patch_scheduler(m, valve))
+    on_import(SCHEDULER, lambda m: patch_scheduler(m, valve, max_fraction))
     on_import(ENGINE_CORE, patch_engine_core)
     holds_route.register()

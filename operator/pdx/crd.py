@@ -91,6 +91,10 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
             continue
         if key == "const":
             out["enum"] = [value]
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            # JSON Schema's numeric bound; OpenAPI v3.0 (Kubernetes) has the bound plus a flag
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
         elif key == "properties":
             out[key] = {k: _structural(v, defs) for k, v in value.items()}
         elif key == "additionalProperties":

@@ -182,6 +182,14 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
+        field="kvTransfer.heldKvMaxFraction",
+        expression="!has(self.kvTransfer.heldKvMaxFraction) || self.kvTransfer.releaseUnderPressure",
+        message=(
+            "kvTransfer.heldKvMaxFraction needs releaseUnderPressure: true (the valve releases held KV "
+            "above the fraction): remove heldKvMaxFraction, or set releaseUnderPressure: true"
+        ),
+    ),
+    Rule(
         field="kvTransfer.backends",
         expression=(f"!has(self.kvTransfer.backends) || !('LIBFABRIC' in self.kvTransfer.backends) || {_NODE_EFA} > 0"),
         message=(

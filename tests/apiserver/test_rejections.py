@@ -115,6 +115,23 @@ TABLE: dict[str, Row] = {
         "kvTransfer.loadFailurePolicy 'recompute' hangs expired D->P reads in vLLM 0.32/0.33: "
         "use 'fail' (the router retries the turn without reuse) or turn bidirectional off",
     ),
+    "held KV share of nothing": Row(
+        "spec.kvTransfer.heldKvMaxFraction: Input should be greater than 0 (got 0)",
+        ("spec.kvTransfer.heldKvMaxFraction",
+         "Invalid value: 0: spec.kvTransfer.heldKvMaxFraction in body should be greater than 0"),
+        WORDING,
+    ),
+    "held KV share above the whole cache": Row(
+        "spec.kvTransfer.heldKvMaxFraction: Input should be less than or equal to 1 (got 1.5)",
+        ("spec.kvTransfer.heldKvMaxFraction",
+         "Invalid value: 1.5: spec.kvTransfer.heldKvMaxFraction in body should be less than or equal to 1"),
+        WORDING,
+    ),
+    "held KV share with the valve off": _cel(
+        "kvTransfer.heldKvMaxFraction",
+        "kvTransfer.heldKvMaxFraction needs releaseUnderPressure: true (the valve releases held KV "
+        "above the fraction): remove heldKvMaxFraction, or set releaseUnderPressure: true",
+    ),
     "unknown instance type without GPU counts": _cel(
         "placement.instanceType",
         "placement.instanceType has no profile (known: cpu, gpu, p4d.24xlarge, p5.48xlarge, p5e.48xlarge, "

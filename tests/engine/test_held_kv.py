@@ -294,3 +294,26 @@ def test_the_valve_is_on_unless_turned_off(raw: str, on: bool) -> None:
 def test_a_bad_valve_setting_names_the_variable_and_the_fix() -> None:
     with pytest.raises(ValueError, match=r"PDX_HELD_KV_VALVE='yes': expected 1 .* or 0, or unset it"):
         held_kv.valve_from_env({held_kv.ENV: "yes"})
+
+
+def test_held_kv_past_its_share_of_the_cache_is_released_as_the_turn_ends() -> None:
+    module = types.ModuleType(held_kv.SCHEDULER)
+    module.Scheduler = type("Scheduler", (FakeScheduler,), {})  # type: ignore[attr-defined]
+    assert held_kv.patch_scheduler(module, valve=True, max_fraction=0.5)
+    sched = module.Scheduler(blocks=10)  # at most 5 blocks held
+    _finish_turn(sched, "old", 3)
+    _finish_turn(sched, "new", 3)  # 6 > 5: the youngest goes at once, before any request needs room
+    answer = held_kv.answer(sched, contract.HoldsRequest())
+    assert (answer.held_blocks, answer.releases, answer.released) == (3, 1, ["new"])
+    assert "old" in sched.requests and sched.kv_cache_manager.pool.free == 7
+
+
+@pytest.mark.parametrize(("raw", "share"), [("", None), ("0.5", 0.5), ("1", 1.0)])
+def test_the_held_kv_share_is_read_from_the_environment(raw: str, share: float | None) -> None:
+    assert held_kv.max_fraction_from_env({held_kv.FRACTION_ENV: raw}) == share
+
+
+@pytest.mark.parametrize("raw", ["0", "1.5", "half", "nan"])
+def test_a_bad_held_kv_share_names_the_variable_and_the_fix(raw: str) -> None:
+    with pytest.raises(ValueError, match=r"PDX_HELD_KV_MAX_FRACTION=.*a share of decode.s KV cache in \(0, 1\]"):
+        held_kv.max_fraction_from_env({held_kv.FRACTION_ENV: raw})

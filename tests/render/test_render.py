@@ -215,3 +215,11 @@ def test_decode_releases_held_kv_under_pressure_unless_the_resource_turns_it_off
     assert _engine_env(off, "qwen3-32b-decode")[held_kv.ENV] == "0"  # the name the plugin reads
     assert held_kv.ENV not in _engine_env(off, "qwen3-32b-prefill")
     assert held_kv.valve_from_env({held_kv.ENV: "0"}) is False
+
+
+def test_held_kvs_share_of_decodes_cache_is_rendered_for_decode_only() -> None:
+    assert held_kv.FRACTION_ENV not in _engine_env(render(target()), "qwen3-32b-decode")
+    capped = render(target(spec__kvTransfer__heldKvMaxFraction=0.5))
+    raw = _engine_env(capped, "qwen3-32b-decode")[held_kv.FRACTION_ENV]
+    assert held_kv.max_fraction_from_env({held_kv.FRACTION_ENV: raw}) == 0.5  # what the plugin reads
+    assert held_kv.FRACTION_ENV not in _engine_env(capped, "qwen3-32b-prefill")

@@ -61,6 +61,13 @@ INVALID = [
         {"kvTransfer.loadFailurePolicy": "recompute"},
         "spec.kvTransfer.loadFailurePolicy",
     ),
+    ("held KV share of nothing", {"kvTransfer.heldKvMaxFraction": 0}, "spec.kvTransfer.heldKvMaxFraction"),
+    ("held KV share above the whole cache", {"kvTransfer.heldKvMaxFraction": 1.5}, "spec.kvTransfer.heldKvMaxFraction"),
+    (
+        "held KV share with the valve off",
+        {"kvTransfer.heldKvMaxFraction": 0.5, "kvTransfer.releaseUnderPressure": False},
+        "spec.kvTransfer.heldKvMaxFraction",
+    ),
     (
         "unknown instance type without GPU counts",
         {"placement.instanceType": "g6.xlarge"},

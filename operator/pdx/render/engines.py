@@ -153,6 +153,8 @@ def engine_env(target: Target, role: Role) -> list[dict[str, Any]]:
         extra.update(PDX_DRAIN_ROUTER=meta.router_url(target), PDX_DRAIN_SECONDS=str(spec.router_ttl))
         if not spec.kv_transfer.release_under_pressure:  # read by pdx_engine.held_kv (on unless 0)
             extra["PDX_HELD_KV_VALVE"] = "0"
+        if spec.kv_transfer.held_kv_max_fraction is not None:  # read by pdx_engine.held_kv
+            extra["PDX_HELD_KV_MAX_FRACTION"] = repr(spec.kv_transfer.held_kv_max_fraction)
     cache_bytes = int(quantity_value(spec.role(role).tokenize_cache))
     if cache_bytes > 0:  # read by pdx_engine.tokenize_cache
         extra["PDX_TOKENIZE_CACHE_BYTES"] = str(cache_bytes)
