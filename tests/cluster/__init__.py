@@ -1,0 +1,1 @@
+"""Tests against a real Kubernetes control plane (tests/support/control_plane.py)."""
