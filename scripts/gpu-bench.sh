@@ -8,8 +8,10 @@
 #     tokenize  ON with the engines' tokenize cache (64Mi, the default) and without it, side by side
 #            at $VARIANT_LENGTHS (8000,24000 here)
 #     load   8 clients, 16 conversations x 4 turns at 16k tokens, the legs in $LOAD_LEGS
-#     held   one client, OFF then ON, 3 conversations x 4 turns at $HELD_LENGTHS (24000,32000): the
+#     held   one client, OFF then ON, 3 conversations x 4 turns at $HELD_LENGTHS (24000,32000), on
+#            examples/local-gpu-overcommit.yaml (decode keeps 101,888 tokens, as on the H100): the
 #            sweep's end, where held KV outgrows decode's cache (issue 41), without the bound
+#     held-load  the load run on that resource: 16 conversations of 16k hold 2.6x what decode keeps
 #     FIELD=VALUE  the ON leg at $VARIANT_LENGTHS on the resource with one spec field changed
 #            (a dotted camelCase path under spec, e.g. kvTransfer.blockSize=128), without the bound;
 #            several joined by + change together (router.decodeLocalMaxTokens=0+kvTransfer.blockSize=128)
@@ -70,7 +72,10 @@ for what in "${@:-sweep}"; do
     sweep) bench sweep -f "$CR" --lengths "$LENGTHS" --turns 4 --conversations 3 ;;
     load) bench load -f "$CR" --legs "${LOAD_LEGS:-off,on}" --no-bound --lengths 16000 --turns 4 --conversations 16 \
       --concurrency 8 ;;
-    held) bench held -f "$CR" --lengths "${HELD_LENGTHS:-24000,32000}" --turns 4 --conversations 3 --no-bound ;;
+    held) bench held -f examples/local-gpu-overcommit.yaml --lengths "${HELD_LENGTHS:-24000,32000}" --turns 4 \
+      --conversations 3 --no-bound ;;
+    held-load) bench held-load -f examples/local-gpu-overcommit.yaml --legs off,on --no-bound --lengths 16000 \
+      --turns 4 --conversations 16 --concurrency 8 ;;
     tokenize) bench tokenize -f "$CR" --leg "tokcache:prefill.tokenizeCache=64Mi,decode.tokenizeCache=64Mi" \
       --leg "no-tokcache:prefill.tokenizeCache=0Mi,decode.tokenizeCache=0Mi" --no-bound \
       --lengths "${VARIANT_LENGTHS:-8000,24000}" --turns 4 --conversations 3 ;;
@@ -79,7 +84,7 @@ for what in "${@:-sweep}"; do
       bench "on-$(basename "$cr" .yaml)" -f "$cr" --legs on --no-bound --lengths "${VARIANT_LENGTHS:-16000,24000}" \
         --turns 4 --conversations 3
       ;;
-    *) echo "gpu-bench.sh: unknown run $what (sweep, held, load, tokenize, FIELD=VALUE)" >&2 ;;
+    *) echo "gpu-bench.sh: unknown run $what (sweep, held, held-load, load, tokenize, FIELD=VALUE)" >&2 ;;
   esac
 done
 tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -15,7 +15,8 @@
 #                 max_cudagraph_capture_size does to a local turn's TTFT and the streams' stall
 #   variants      gpu-bench.sh: ON through prefill (decodeLocalMaxTokens 0) at 64- and 128-token blocks
 #   load          gpu-bench.sh load: OFF and ON ($LOAD_LEGS) under 8 clients, 16 conversations at 16k
-#   held          gpu-bench.sh held: OFF and ON at 24k and 32k, where held KV outgrows decode's cache
+#   held          gpu-bench.sh held held-load: OFF and ON at 24k and 32k, and under load, with decode's
+#                 cache at the H100's 101,888 tokens, where held KV outgrows it (issue 41)
 set -uo pipefail
 out=${1:?usage: gpu-session.sh OUT_DIR}
 mkdir -p "$out"
@@ -33,7 +34,7 @@ for run in ${RUNS:-sweep tokenize load}; do
   case $run in
     sweep) LENGTHS=${LENGTHS:-2000,8000,16000,24000,32000} step sweep bash scripts/gpu-bench.sh "$out/bench" sweep ;;
     tokenize) step tokenize bash scripts/gpu-bench.sh "$out/tokenize" tokenize ;;
-    held) step held bash scripts/gpu-bench.sh "$out/held" held ;;
+    held) step held bash scripts/gpu-bench.sh "$out/held" held held-load ;;
     correct) step correct bash scripts/gpu-correct.sh "$out/correct" ;;
     decode-local) step decode-local bash scripts/gpu-decode-local.sh "$out/decode-local" ;;
     graphs32)
