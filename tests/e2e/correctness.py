@@ -33,6 +33,7 @@ import sys
 import time
 import traceback
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CR = ROOT / "examples" / "local-gpu-correct.yaml"
 # Prefill's count of NIXL reads it made: of decode's KV, with bidirectional on.
 NIXL_READS = "vllm:nixl_xfer_time_seconds_count"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"  # tokens an engine found in its own prefix cache
 # The conversations compared off against on. Each later turn of FOLLOW_UPS extends the turn
 # before it, so it must reuse; READS_NOTHING change the first message.
 COMPARED = ("grow", "edited", "edited_first", "truncated", "stripped", "diverged", *LONG)
@@ -99,6 +101,7 @@ _FAILED_LOAD = "Failed to load plugin"  # vLLM's own line when an entry point ra
 class Turn:
     answer: Answer
     reads: float  # NIXL reads prefill counted while this turn ran
+    decode_hits: float = 0.0  # tokens decode found in its own prefix cache while this turn ran
 
 
 @dataclass
@@ -128,15 +131,19 @@ def converse(
     name: str,
     script: Sequence[TurnScript],
     before_turn: Callable[[str, int], None] | None = None,
+    decode: str | None = None,
 ) -> list[Turn]:
-    """One scripted conversation through the router, with prefill's reads counted per turn."""
+    """One scripted conversation through the router, with prefill's reads (and decode's own
+    prefix-cache hits, what a decode-local turn reuses) counted per turn."""
     turns: list[Turn] = []
     for i, build in enumerate(script):
         if before_turn:
             before_turn(name, i)
         before = metric(prefill, NIXL_READS)
+        hits = metric(decode, PREFIX_HITS) if decode else 0.0
         answer = chat(router, build([t.answer for t in turns]), conversation=name, token_ids=True)
-        turns.append(Turn(answer, metric(prefill, NIXL_READS) - before))
+        reads = metric(prefill, NIXL_READS) - before
+        turns.append(Turn(answer, reads, (metric(decode, PREFIX_HITS) - hits) if decode else 0.0))
     return turns
 
 
@@ -181,8 +188,8 @@ def run_leg(topo: LocalTopology, names: Iterable[str] = COMPARED) -> Leg:
     started = time.monotonic()
     warm_up(topo.router_url)
     scripts = {**SCENARIOS, **LONG}
-    prefill = topo.engine_urls["prefill"][0]
-    turns = {name: converse(topo.router_url, prefill, name, scripts[name]) for name in names}
+    prefill, decode = topo.engine_urls["prefill"][0], topo.engine_urls["decode"][0]
+    turns = {name: converse(topo.router_url, prefill, name, scripts[name], decode=decode) for name in names}
     return observe(topo, turns, started)
 
 
@@ -239,6 +246,15 @@ def expected_reuse(held: int, common: int, prompt: int, block: int | None, thres
     return n if n >= threshold else 0
 
 
+def expected_local(held: int, common: int, prompt: int, block: int | None) -> int | None:
+    """What a decode-local turn finds in decode's own prefix cache: the whole blocks it shares
+    with what decode holds (vLLM caches whole blocks; never the prompt's last token). None: the
+    block size is not known."""
+    if not block:
+        return None
+    return min(held, common, prompt - 1) // block * block
+
+
 def _ids(a: Answer) -> list[int] | list[str]:
     return a.token_ids if a.token_ids is not None else a.tokens
 
@@ -260,7 +276,13 @@ def turn_rows(off: Leg, on: Leg, names: Iterable[str]) -> list[dict[str, Any]]:
             known = prev is None or None not in (prev.prompt_ids, prev.token_ids, a_on.prompt_ids)
             held = held_ids(prev) if prev else []
             common = common_prefix(held, a_on.prompt_ids or [])
-            expected = expected_reuse(len(held), common, a_on.prompt_tokens, on.block_size, on.threshold) if i else 0
+            local = a_on.reuse == "local"
+            if not i:
+                expected: int | None = 0
+            elif local:
+                expected = expected_local(len(held), common, a_on.prompt_tokens, on.block_size)
+            else:
+                expected = expected_reuse(len(held), common, a_on.prompt_tokens, on.block_size, on.threshold)
             rows.append(
                 {
                     "conversation": name,
@@ -271,7 +293,11 @@ def turn_rows(off: Leg, on: Leg, names: Iterable[str]) -> list[dict[str, Any]]:
                     "firstDifference": None if ids_on == ids_off else common_prefix(ids_on, ids_off),
                     "maxLogprobDiff": _drift(a_on, a_off),
                     "reuse": a_on.reuse,
-                    "reusedTokens": a_on.reused_tokens,
+                    "routerReusedTokens": a_on.reused_tokens,
+                    # what the engine reused: prefill's read (its verdict), or for a decode-local
+                    # turn the tokens decode found in its own prefix cache
+                    "reusedTokens": int(t_on.decode_hits) if local else a_on.reused_tokens,
+                    "decodeCacheHits": t_on.decode_hits,
                     "held": len(held) if known else None,
                     "commonWithHeld": common if known else None,
                     "expectedReuse": expected if known else None,
@@ -327,6 +353,25 @@ def entry_points() -> dict[str, str]:
     return out
 
 
+def _reuse_wrong(row: Mapping[str, Any]) -> bool:
+    """A later turn's reuse against what it shared with decode: prefill reads exactly the whole
+    blocks (all, when the prompt starts with all decode holds); a decode-local turn finds at least
+    those whole blocks in decode's cache (more where an earlier turn's blocks match further)."""
+    reused: int = row["reusedTokens"]
+    expected: int | None = row["expectedReuse"]
+    if row["reuse"] == "local":
+        return reused <= 0 if expected is None else reused < expected
+    return reused != expected and not (expected is None and reused <= row["commonWithHeld"])
+
+
+def _reused(row: Mapping[str, Any]) -> bool:
+    """A follow-up that built on decode's KV: read by prefill over NIXL, or prefilled on decode
+    from its own prefix cache."""
+    if row["reuse"] == "local":
+        return bool(row["decodeCacheHits"] > 0)
+    return bool(row["reuse"] == "hit" and row["reads"] >= 1)
+
+
 def judge(
     off: Leg,
     on: Leg,
@@ -368,34 +413,38 @@ def judge(
     off_block = [
         f"{r['conversation']} turn {r['turn']}: the engines sent no token ids to count what decode held"
         if r["held"] is None
-        else f"{r['conversation']} turn {r['turn']}: {r['reusedTokens']} reused, {r['expectedReuse']} expected "
-        f"({r['commonWithHeld']} of {r['held']} held in common, blocks of {on.block_size})"
+        else f"{r['conversation']} turn {r['turn']} ({r['reuse']}): {r['reusedTokens']} reused, {r['expectedReuse']} "
+        f"expected ({r['commonWithHeld']} of {r['held']} held in common, blocks of {on.block_size})"
         for r in later
-        if r["held"] is None
-        or (
-            r["reusedTokens"] != r["expectedReuse"]
-            and not (r["expectedReuse"] is None and r["reusedTokens"] <= r["commonWithHeld"])
-        )
+        if r["held"] is None or _reuse_wrong(r)
     ]
     check(
         "later_turns_read_the_whole_blocks_they_share",
         off_block,
-        f"{len(later)} turns read {sum(r['reusedTokens'] for r in later)} tokens, each all it shared with decode "
-        f"to the block ({on.block_size or 'size not known: at most what it shared'})",
+        f"{len(later)} turns reused {sum(r['reusedTokens'] for r in later)} tokens, each all it shared with decode "
+        f"to the block ({on.block_size or 'size not known: at most what it shared'}); decode-local turns from "
+        "decode's own prefix cache",
     )
     follow = [r for r in rows if r["conversation"] in FOLLOW_UPS and r["turn"] > 0]
     missed = [
-        f"{r['conversation']} turn {r['turn']}: {r['reuse'] or 'no header'}, {r['reads']:g} reads"
+        f"{r['conversation']} turn {r['turn']}: {r['reuse'] or 'no header'}, {r['reads']:g} reads, "
+        f"{r['decodeCacheHits']:g} tokens from decode's cache"
         for r in follow
-        if r["reuse"] != "hit" or r["reads"] < 1
+        if not _reused(r)
     ]
-    check("follow_ups_reuse_over_nixl", missed, f"{len(follow)} turns hit, each with a NIXL read on prefill")
+    kinds = Counter(r["reuse"] for r in follow)
+    check(
+        "follow_ups_reuse",
+        missed,
+        f"{len(follow)} turns reused: {kinds['hit']} read over NIXL by prefill, {kinds['local']} prefilled on decode "
+        "from its own cache",
+    )
 
     edits = [r for r in rows if r["conversation"] == EDITED and r["turn"] > 0]
     past = [
         f"{EDITED} turn {r['turn']}: {r['reuse']}, {r['reusedTokens']} reused, {r['commonWithHeld']} in common"
         for r in edits
-        if r["reuse"] != "hit" or not 0 < r["reusedTokens"] <= (r["commonWithHeld"] or 0)
+        if r["reuse"] not in ("hit", "local") or not 0 < r["reusedTokens"] <= (r["commonWithHeld"] or 0)
     ]
     check(
         "edited_history_reads_only_the_common_prefix",

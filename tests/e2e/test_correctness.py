@@ -113,7 +113,7 @@ def test_a_turn_that_reads_less_than_it_shares_with_decode_fails(tmp_path: Path)
     turn = on.turns[FOLLOW_UPS[0]][1]
     on.turns[FOLLOW_UPS[0]][1] = replace(turn, answer=answer(turn.answer.prompt_ids or [], [7, 8, 9], "hit", 128))
     assert failed(leg(False, tmp_path), on) == {
-        "later_turns_read_the_whole_blocks_they_share": "grow turn 1: 128 reused, 202 expected "
+        "later_turns_read_the_whole_blocks_they_share": "grow turn 1 (hit): 128 reused, 202 expected "
         "(202 of 202 held in common, blocks of 64)"
     }
 
@@ -124,8 +124,44 @@ def test_a_follow_up_that_recomputes_fails_though_its_output_is_right(tmp_path: 
     on.turns["long2"][1] = Turn(answer(turn.answer.prompt_ids or [], [7, 8, 9], "miss"), 0.0)
     assert list(failed(leg(False, tmp_path), on)) == [
         "later_turns_read_the_whole_blocks_they_share",
-        "follow_ups_reuse_over_nixl",
+        "follow_ups_reuse",
     ]
+
+
+def local(turn: Turn, decode_hits: float, router_says: int = 202) -> Turn:
+    """The same turn prefilled on decode: no NIXL read; decode found `decode_hits` tokens in its cache."""
+    return Turn(
+        replace(turn.answer, headers={"x-pdx-reuse": "local", "x-pdx-reused-tokens": str(router_says)}),
+        0.0,
+        decode_hits,
+    )
+
+
+def test_decode_local_follow_ups_pass_by_decodes_own_cache_hits(tmp_path: Path) -> None:
+    on = leg(True, tmp_path)
+    for name in ("grow", "long0"):
+        for i in (1, 2):
+            turn = on.turns[name][i]
+            on.turns[name][i] = local(turn, 192.0 if i == 1 else 256.0)  # whole 64-token blocks of what it shares
+    verdict = judge(leg(False, tmp_path), on)
+    assert verdict.passed, verdict.failures
+    row = next(r for r in verdict.turns if r["conversation"] == "grow" and r["turn"] == 1)
+    assert (row["reuse"], row["reusedTokens"], row["routerReusedTokens"], row["expectedReuse"]) == (
+        "local",
+        192,
+        202,
+        192,
+    )
+
+
+def test_a_decode_local_turn_that_found_nothing_in_decodes_cache_fails(tmp_path: Path) -> None:
+    on = leg(True, tmp_path)
+    on.turns["grow"][1] = local(on.turns["grow"][1], 0.0)
+    assert failed(leg(False, tmp_path), on) == {
+        "later_turns_read_the_whole_blocks_they_share": "grow turn 1 (local): 0 reused, 192 expected "
+        "(202 of 202 held in common, blocks of 64)",
+        "follow_ups_reuse": "grow turn 1: local, 0 reads, 0 tokens from decode's cache",
+    }
 
 
 def test_engines_that_send_no_prompt_ids_fail_the_read_check_saying_so(tmp_path: Path) -> None:
