@@ -10,6 +10,10 @@ hashes the new prompt the same way, keeps the longest run of equal digests, sets
 The router then needs neither the prompt's ids nor decode's: it stores decode's parameters as
 they came and passes them on, and reads the verdict from prefill's answer.
 
+The chain starts from the request's `cache_salt` (vLLM's own per-tenant cache key, which the
+router sets per tenant), so a hold made under one salt never matches a prompt under another:
+the engines, not only the router, keep tenants' KV apart.
+
 Typed here once: the engine plugin writes and checks these, the router and the test engines
 read them. The digests are stdlib only (the engine's scheduler computes them per request).
 """
@@ -80,9 +84,15 @@ def _packed(token_ids: Sequence[int], n: int) -> bytes:
     return ids.tobytes()
 
 
-def digest_chain(token_ids: Sequence[int], n: int, block_size: int) -> bytes:
-    """The chained digests of the first n ids (n <= len), a DIGEST_BYTES piece per block."""
-    raw, out, last = _packed(token_ids, n), [], b""
+def _seed(salt: str | None) -> bytes:
+    """Where a chain starts: nothing without a salt (as before salts), else the salt's digest."""
+    return hashlib.blake2b(b"cache_salt\x00" + salt.encode(), digest_size=DIGEST_BYTES).digest() if salt else b""
+
+
+def digest_chain(token_ids: Sequence[int], n: int, block_size: int, salt: str | None = None) -> bytes:
+    """The chained digests of the first n ids (n <= len), a DIGEST_BYTES piece per block,
+    starting from the request's cache_salt."""
+    raw, out, last = _packed(token_ids, n), [], _seed(salt)
     step = 4 * block_size
     for start in range(0, 4 * n, step):
         last = hashlib.blake2b(last + raw[start : start + step], digest_size=DIGEST_BYTES).digest()
@@ -90,9 +100,9 @@ def digest_chain(token_ids: Sequence[int], n: int, block_size: int) -> bytes:
     return b"".join(out)
 
 
-def held_prefix(token_ids: Sequence[int], n: int, block_size: int) -> HeldPrefix:
-    """What decode reports of the n tokens whose KV it keeps."""
-    chain = digest_chain(token_ids, n, block_size)
+def held_prefix(token_ids: Sequence[int], n: int, block_size: int, salt: str | None = None) -> HeldPrefix:
+    """What decode reports of the n tokens whose KV it keeps (under the request's cache_salt)."""
+    chain = digest_chain(token_ids, n, block_size, salt)
     return HeldPrefix(num_tokens=n, block_size=block_size, digests=base64.b64encode(chain).decode())
 
 
@@ -104,11 +114,11 @@ def _comparable(held: HeldPrefix, prompt_len: int) -> int:
     return prompt_len - prompt_len % held.block_size
 
 
-def verified_tokens(held: HeldPrefix, chain: bytes, prompt_ids: Sequence[int]) -> int:
+def verified_tokens(held: HeldPrefix, chain: bytes, prompt_ids: Sequence[int], salt: str | None = None) -> int:
     """How many leading prompt tokens are the held ones: the last block boundary (or
-    num_tokens) up to which every digest matches the prompt's."""
+    num_tokens) up to which every digest matches the prompt's (under the same salt)."""
     n, bs = _comparable(held, len(prompt_ids)), held.block_size
-    mine = digest_chain(prompt_ids, n, bs)
+    mine = digest_chain(prompt_ids, n, bs, salt)
     k = len(mine) // DIGEST_BYTES  # blocks that match; the chain makes every digest after a
     if mine != chain[: len(mine)]:  # difference differ too, so the first one ends the run
         k = next(
@@ -119,10 +129,12 @@ def verified_tokens(held: HeldPrefix, chain: bytes, prompt_ids: Sequence[int]) -
     return min(k * bs, held.num_tokens)
 
 
-def verdict(held: HeldPrefix, chain: bytes, prompt_ids: Sequence[int], threshold: int) -> Verdict:
+def verdict(
+    held: HeldPrefix, chain: bytes, prompt_ids: Sequence[int], threshold: int, salt: str | None = None
+) -> Verdict:
     """Prefill's decision for this prompt: reuse the verified tokens, but always leave the
     last prompt token to compute (prefill needs its logits), and not below the threshold."""
-    ok = verified_tokens(held, chain, prompt_ids)
+    ok = verified_tokens(held, chain, prompt_ids, salt)
     usable = min(ok, len(prompt_ids) - 1)
     if usable >= max(threshold, 1):
         return Verdict(outcome="hit", tokens=usable)
@@ -130,9 +142,11 @@ def verdict(held: HeldPrefix, chain: bytes, prompt_ids: Sequence[int], threshold
     return Verdict(outcome="prefix_mismatch" if diverged else "below_threshold", tokens=0)
 
 
-def check_params(params: dict[str, Any], prompt_ids: list[int], threshold: int) -> Verdict | None:
+def check_params(
+    params: dict[str, Any], prompt_ids: list[int], threshold: int, salt: str | None = None
+) -> Verdict | None:
     """Prefill: turn a held prefix into what vLLM reads, in place; the verdict, or None when
-    the params carry no held prefix."""
+    the params carry no held prefix. `salt`: the prompt's cache_salt."""
     done = params.get(CHECKED)
     if done is not None:
         return Verdict.model_validate(done)
@@ -148,7 +162,7 @@ def check_params(params: dict[str, Any], prompt_ids: list[int], threshold: int) 
     if chain is None or not isinstance(groups, list):
         found = Verdict(outcome="prefix_mismatch", tokens=0)
     else:
-        found = verdict(held, chain, prompt_ids, threshold)
+        found = verdict(held, chain, prompt_ids, threshold, salt)
         if found.tokens and found.tokens < held.num_tokens and len(groups) != 1:
             # A hybrid model's groups are clipped differently: a cut could name wrong blocks.
             found = Verdict(outcome="prefix_mismatch", tokens=0)
@@ -160,10 +174,11 @@ def check_params(params: dict[str, Any], prompt_ids: list[int], threshold: int) 
     return found
 
 
-def hold_params(out: dict[str, Any], all_token_ids: Any, block_size: int) -> None:
-    """Decode: name the tokens it keeps for the next turn, and let nobody read them unchecked."""
+def hold_params(out: dict[str, Any], all_token_ids: Any, block_size: int, salt: str | None = None) -> None:
+    """Decode: name the tokens it keeps for the next turn (under the request's cache_salt), and
+    let nobody read them unchecked."""
     n = out.get("remote_num_tokens")
     if not out.get("do_remote_decode") or not isinstance(n, int) or n <= 0 or n > len(all_token_ids):
         return
-    out[HELD] = held_prefix(list(all_token_ids[:n]), n, block_size).to_json()
+    out[HELD] = held_prefix(list(all_token_ids[:n]), n, block_size, salt).to_json()
     out["remote_num_tokens"] = 0

@@ -61,10 +61,15 @@ class TenancyConfig(Document):
     - `single`: one trusted client (the local demo, a benchmark): everyone is one tenant.
 
     A turn without an identity is plain P/D: nothing is read from or written to the store.
+
+    `cache_isolation`: `tenant` (the default) gives each tenant's requests a `cache_salt` of its
+    own, so no engine cache (prefill's, decode's, held KV) shares a block across tenants and none
+    can tell from TTFT what another recently sent; `shared` leaves the client's salt as sent.
     """
 
     identity: TenantIdentity = "apiKey"
     header: str | None = Field(default=None, min_length=1)
+    cache_isolation: Literal["tenant", "shared"] = "tenant"
 
     @model_validator(mode="after")
     def _header_iff_header_identity(self) -> TenancyConfig:

@@ -40,7 +40,12 @@ def _wrap_matched(original: Callable[..., Any]) -> Callable[..., Any]:
         params = request.kv_transfer_params
         sched = _scheduler(self)
         if isinstance(params, dict) and params.get("do_remote_decode") and sched is not None:
-            kv_prefix.check_params(params, list(request.prompt_token_ids or ()), int(sched.kv_recompute_threshold))
+            kv_prefix.check_params(
+                params,
+                list(request.prompt_token_ids or ()),
+                int(sched.kv_recompute_threshold),
+                getattr(request, "cache_salt", None),
+            )
         return original(self, request, num_computed_tokens)
 
     return get_num_new_matched_tokens
@@ -53,7 +58,9 @@ def _wrap_finished(original: Callable[..., Any]) -> Callable[..., Any]:
         sched = _scheduler(self)
         if isinstance(out, dict) and sched is not None:
             if out.get("do_remote_decode"):  # decode's params for the next turn
-                kv_prefix.hold_params(out, request.all_token_ids, int(sched.block_size))
+                kv_prefix.hold_params(
+                    out, request.all_token_ids, int(sched.block_size), getattr(request, "cache_salt", None)
+                )
             params = request.kv_transfer_params
             done = params.get(kv_prefix.CHECKED) if isinstance(params, dict) else None
             if done is not None:  # prefill's answer: what its check found

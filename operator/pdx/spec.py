@@ -339,6 +339,11 @@ class TenancySpec(_Spec):
     `single`: one trusted client, such as the local demo or a benchmark: everyone shares."""
     header: str | None = Field(default=None, min_length=1)
     """For identity `header`: the header's name, e.g. `X-Tenant`."""
+    cache_isolation: Literal["tenant", "shared"] = "tenant"
+    """`tenant`: the router gives each tenant's requests a `cache_salt` of its own (a client's own salt
+    folded in), so no engine cache, held KV included, shares a block across tenants, and no tenant can
+    tell from TTFT whether another recently sent a prompt. `shared`: one prefix cache for all (one system
+    prompt cached once), accepting that timing side channel; the client's salt passes as sent."""
 
 
 class RouterImageSpec(ImageSpec):
@@ -407,7 +412,9 @@ class RouterSpec(_Spec):
     def effective_tenancy(self) -> TenancySpec:
         """The deprecated `tenantHeader` as the identity it now means."""
         if self.tenant_header is not None:
-            return TenancySpec(identity="header", header=self.tenant_header)
+            return TenancySpec(
+                identity="header", header=self.tenant_header, cache_isolation=self.tenancy.cache_isolation
+            )
         return self.tenancy
 
     def effective_ttl(self, decoder_ttl: int) -> int:

@@ -32,7 +32,13 @@ class Answer:
 
 
 def chat(
-    url: str, messages: list[dict[str, str]], conversation: str | None, max_tokens: int = 12, token_ids: bool = False
+    url: str,
+    messages: list[dict[str, str]],
+    conversation: str | None,
+    max_tokens: int = 12,
+    token_ids: bool = False,
+    api_key: str | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Answer:
     """One streamed, greedy turn through the router (as an agent sends it).
 
@@ -49,7 +55,10 @@ def chat(
     }
     if token_ids:
         body["return_token_ids"] = True
+    body.update(extra or {})
     headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
     if conversation:
         body["conversation_id"] = conversation
         headers["X-Session-ID"] = conversation

@@ -147,3 +147,22 @@ def test_the_patched_connector_checks_on_prefill_and_names_the_held_tokens_on_de
     _, out = conn.request_finished_all_groups(dreq, ([1],))
     assert out["remote_num_tokens"] == 0 and out[kv_prefix.HELD]["numTokens"] == 100
     assert kv_prefix.VERDICT not in out
+
+
+def test_a_hold_made_under_one_cache_salt_matches_no_prompt_under_another() -> None:
+    salted = held()
+    salted[kv_prefix.HELD] = kv_prefix.held_prefix(HELD, len(HELD), BS, salt="tenant-a").to_json()
+    other = dict(salted)
+    assert kv_prefix.check_params(other, [*HELD, 5], 8, salt="tenant-b") == kv_prefix.Verdict(
+        outcome="prefix_mismatch", tokens=0
+    )
+    assert other["remote_num_tokens"] == 0
+    assert kv_prefix.check_params(dict(salted), [*HELD, 5], 8) == kv_prefix.Verdict(outcome="prefix_mismatch", tokens=0)
+    assert kv_prefix.check_params(dict(salted), [*HELD, 5], 8, salt="tenant-a") == kv_prefix.Verdict(
+        outcome="hit", tokens=100
+    )
+
+
+def test_without_a_salt_the_chain_is_the_one_of_before_salts() -> None:
+    assert kv_prefix.digest_chain(HELD, 100, BS) == kv_prefix.digest_chain(HELD, 100, BS, salt="")
+    assert kv_prefix.digest_chain(HELD, 100, BS) != kv_prefix.digest_chain(HELD, 100, BS, salt="a")

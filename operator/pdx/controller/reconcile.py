@@ -78,13 +78,16 @@ def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def subset(desired: Any, live: Any) -> bool:
-    """Whether every rendered field has the same value live; the server may add defaults.
-    Rendered manifests and parsed JSON are plain dicts, lists and scalars: telling those by
-    their type first skips the ABC machinery of isinstance(Mapping), a fifth of a pass's CPU."""
+    """Whether every rendered field has the same value live; the server may add defaults, and
+    leaves out a field whose value is its zero value (Go's omitempty: a Service's
+    `publishNotReadyAddresses: false` is stored as nothing), so a rendered false, 0, "", [] or
+    {} matches a missing field. Rendered manifests and parsed JSON are plain dicts, lists and
+    scalars: telling those by their type first skips the ABC machinery of isinstance(Mapping),
+    a fifth of a pass's CPU."""
     kind = type(desired)
     if kind is dict or (kind not in _SCALARS and kind is not list and isinstance(desired, Mapping)):
         return (type(live) is dict or isinstance(live, Mapping)) and all(
-            k in live and subset(v, live[k]) for k, v in desired.items()
+            subset(v, live[k]) if k in live else not v for k, v in desired.items()
         )
     if kind is list:
         return type(live) is list and len(desired) == len(live) and all(map(subset, desired, live))

@@ -50,7 +50,9 @@ def router_config(target: Target, config_hash: str) -> RouterConfig:
         conversation_ttl_seconds=spec.router_ttl,
         kv_recompute_threshold=spec.kv_transfer.kv_recompute_threshold,
         max_entries=router.max_entries,
-        tenancy=TenancyConfig(identity=tenancy.identity, header=tenancy.header),
+        tenancy=TenancyConfig(
+            identity=tenancy.identity, header=tenancy.header, cache_isolation=tenancy.cache_isolation
+        ),
         conversation_from=router.conversation_from,
         decode_local_max_tokens=spec.decode_local_max_tokens,
         decode_local_max_busy=router.decode_local_max_busy,

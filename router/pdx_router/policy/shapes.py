@@ -206,6 +206,8 @@ def client_request(
     conversation, by = found_by_id(body, headers, front.conversation_from)
     clean, wants_ids = clean_client_body(body)
     tenant = tenant_of(headers, front.tenancy)
+    if tenant is not None and front.tenancy.cache_isolation == "tenant":
+        clean = salted(clean, tenant)
     scope = kv_scope(clean, front.served_model)
     key, past, prompt = None, None, None
     if tenant is not None and scope is not None:
@@ -322,6 +324,16 @@ def tenant_of(headers: Mapping[str, str], tenancy: TenancyConfig) -> str | None:
     assert tenancy.header is not None  # TenancyConfig's check
     named = _one_header(headers, tenancy.header)
     return _digest("header", named, auth or "") if named is not None else None
+
+
+def salted(body: dict[str, Any], tenant: str) -> dict[str, Any]:
+    """The body with its tenant's `cache_salt`, the client's own folded in (never trusted alone:
+    no client can choose another tenant's salt). vLLM mixes the salt into the first block's hash,
+    so no block of any engine cache is shared across tenants: no tenant learns from TTFT what
+    another recently sent."""
+    out = dict(body)
+    out["cache_salt"] = _digest("salt", tenant, str(body.get("cache_salt") or ""))
+    return out
 
 
 def kv_scope(body: dict[str, Any], served_model: str) -> str | None:

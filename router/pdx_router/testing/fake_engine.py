@@ -358,7 +358,7 @@ class FakeEngine:
         prompt = await self.prompt_ids(body, chat)
         verdict = None
         if self.opts.checks_prefix:
-            verdict = kv_prefix.check_params(kv, prompt, self.opts.kv_recompute_threshold)
+            verdict = kv_prefix.check_params(kv, prompt, self.opts.kv_recompute_threshold, body.get("cache_salt"))
         read = self.check_read(kv, prompt)
         if read is not None:
             self.cluster.reads.append(read)
@@ -468,7 +468,7 @@ class FakeEngine:
         words = [f"w{(sum(prompt[-4:]) + i) % 50}" for i in range(n - 1)]
         return [*self.cluster.encode(" ".join(words)), EOS]
 
-    def _hold(self, rid: str, prompt: list[int], out: list[int]) -> dict[str, Any]:
+    def _hold(self, rid: str, prompt: list[int], out: list[int], salt: str | None = None) -> dict[str, Any]:
         n = len(prompt) + len(out) - 1
         blocks = self._blocks_for(n)
         expiry = time.perf_counter() + self.opts.decode_ttl
@@ -490,7 +490,7 @@ class FakeEngine:
             "transfer_mode": "pull",
         }
         if self.opts.checks_prefix:
-            kv_prefix.hold_params(kv, held, self.cluster.block_size)
+            kv_prefix.hold_params(kv, held, self.cluster.block_size, salt)
         return kv
 
     def cached(self, prompt: list[int]) -> int:
@@ -521,12 +521,12 @@ class FakeEngine:
         await asyncio.sleep(self.opts.first_token_delay)
         if not body.get("stream"):
             await asyncio.sleep(self.opts.token_delay * (len(out) - 1))
-            kv = self._hold(rid, prompt, out)
+            kv = self._hold(rid, prompt, out, body.get("cache_salt"))
             if self.opts.malform is not None:
                 return self.malformed(self._full(rid, body, chat, prompt, out, kv, "stop"))
             return self.json_response(self._full(rid, body, chat, prompt, out, kv, "stop"))
         if self.opts.malform == "wrong_content_type":  # a proxy that answers streams as JSON
-            kv = self._hold(rid, prompt, out)
+            kv = self._hold(rid, prompt, out, body.get("cache_salt"))
             return self.json_response(self._full(rid, body, chat, prompt, out, kv, "stop"))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(req)
@@ -567,7 +567,7 @@ class FakeEngine:
                 choice["token_ids"] = [tok]
             extra: dict[str, Any] = {}
             if last:
-                kv = self._hold(rid, prompt, out)
+                kv = self._hold(rid, prompt, out, body.get("cache_salt"))
                 if self.opts.kv_in_stream:
                     extra["kv_transfer_params"] = kv
             bad = self.opts.malform
