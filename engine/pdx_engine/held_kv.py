@@ -16,8 +16,8 @@ deadline, set to the past) to forget them; the worker's later "sent" report is s
 
 ``PDX_HELD_KV_VALVE=0`` turns the valve off (claims are still answered); anything else, or
 unset, leaves it on. ``PDX_HELD_KV_MAX_FRACTION`` (0 < f <= 1, from the CR's
-``kvTransfer.heldKvMaxFraction``) caps held KV at that share of the cache: a turn that ends past
-it releases holds at once, so new work finds that room without a release on its path. A vLLM
+``kvTransfer.heldKvMaxFraction``) keeps 1 - f of the cache free of held KV: a turn that ends with
+less free releases holds at once, so new work finds that room without a release on its path. A vLLM
 whose scheduler lacks what is patched here says so at start and answers claims with
 ``valve: false``.
 """
@@ -83,8 +83,6 @@ class Holds:
         self.clock = clock
         self._held: OrderedDict[str, int] = OrderedDict()  # hold id -> claims, least recently used first
         self._born: dict[str, float] = {}  # hold id -> when its turn ended
-        self._blocks: dict[str, int] = {}  # hold id -> its KV blocks
-        self.blocks = 0  # held in all
         self._gaps: deque[float] = deque(maxlen=GAPS_KEPT)  # turn end -> the next turn's claim, seconds
         self._released: set[str] = set()  # freed early; the worker's "sent" report is still due
         self.releases = 0  # also the sequence number of the last release (`released_after`)
@@ -98,13 +96,10 @@ class Holds:
     def ids(self) -> list[str]:
         return list(self._held)
 
-    def add(self, hold: str, blocks: int = 0) -> None:
-        if hold in self._held:
-            self._forget(hold)
+    def add(self, hold: str) -> None:
         self._held[hold] = 0
+        self._held.move_to_end(hold)
         self._born[hold] = self.clock()
-        self._blocks[hold] = blocks
-        self.blocks += blocks
 
     def claim(self, ids: list[str]) -> list[str]:
         """Pin each id still held; the pinned ones, which also count as just used. A hold's first
@@ -169,7 +164,6 @@ class Holds:
     def _forget(self, hold: str) -> None:
         self._held.pop(hold, None)
         self._born.pop(hold, None)
-        self.blocks -= self._blocks.pop(hold, 0)
 
     def released(self, hold: str) -> None:
         """``hold`` was freed early: forget it, and expect the worker to report it once more."""
@@ -199,12 +193,18 @@ class Holds:
         self._forget(hold)
 
 
-def blocks_of(scheduler: Any, request_id: str) -> int:
-    """A request's KV blocks in the scheduler (its first KV cache group's)."""
-    try:
-        return len(scheduler.kv_cache_manager.get_block_ids(request_id)[0])
-    except (KeyError, IndexError):
-        return 0
+def held_blocks(scheduler: Any, holds: Holds) -> int:
+    """The KV blocks decode keeps for held turns, each counted once: a conversation's turns held
+    one after another (decode-local turns) and conversations of one system prompt share their
+    leading blocks through vLLM's prefix cache."""
+    manager = scheduler.kv_cache_manager
+    seen: set[int] = set()
+    for hold in holds.ids():
+        try:
+            seen.update(manager.get_block_ids(hold)[0])
+        except (KeyError, IndexError):
+            continue
+    return len(seen)
 
 
 def release(scheduler: Any, holds: Holds, hold: str) -> bool:
@@ -239,11 +239,12 @@ def wrap_allocate(scheduler: Any, holds: Holds, allocate: Callable[..., Any]) ->
     return allocate_slots
 
 
-def trim(scheduler: Any, holds: Holds, limit: int | None) -> None:
-    """Release holds (`Holds.victim` first) until they keep at most `limit` blocks."""
-    if limit is None:
+def trim(scheduler: Any, holds: Holds, min_free: int | None) -> None:
+    """Release holds (`Holds.victim` first) until `min_free` blocks are free, or none is left."""
+    if min_free is None:
         return
-    while holds.blocks > limit and (hold := holds.victim()) is not None:
+    pool = scheduler.kv_cache_manager.block_pool
+    while pool.get_num_free_blocks() < min_free and (hold := holds.victim()) is not None:
         release(scheduler, holds, hold)
 
 
@@ -271,14 +272,15 @@ def patch_scheduler(module: Any, valve: bool, max_fraction: float | None = None)
         manager = self.kv_cache_manager
         manager.allocate_slots = wrap_allocate(self, self._pdx_holds, manager.allocate_slots)
         total = int(manager.block_pool.num_gpu_blocks)
-        self._pdx_held_limit = int(max_fraction * total) if max_fraction is not None and valve else None
+        # held KV keeps at most max_fraction of the cache from new work: the rest stays free
+        self._pdx_min_free = total - int(max_fraction * total) if max_fraction is not None and valve else None
 
     @functools.wraps(free_request)
     def _free_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         out = free_request(self, request, *args, **kwargs)
         if request.request_id in self.requests and _hold_of(request):
-            self._pdx_holds.add(request.request_id, blocks_of(self, request.request_id))
-            trim(self, self._pdx_holds, self._pdx_held_limit)
+            self._pdx_holds.add(request.request_id)
+            trim(self, self._pdx_holds, self._pdx_min_free)
         return out
 
     @functools.wraps(finished)
@@ -305,7 +307,7 @@ def answer(scheduler: Any, request: contract.HoldsRequest) -> contract.HoldsAnsw
     holds.release_claim(list(request.release_claim))
     return contract.HoldsAnswer(
         held=holds.claim(list(request.claim)),
-        held_blocks=holds.blocks,
+        held_blocks=held_blocks(scheduler, holds),
         capacity_blocks=int(scheduler.kv_cache_manager.block_pool.num_gpu_blocks),
         releases=holds.releases,
         released=holds.released_after(request.since),

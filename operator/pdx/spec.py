@@ -244,10 +244,10 @@ class KvTransferSpec(_Spec):
     engine plugin); their next turn is `released` and recomputed. Off: held turns stay until read or
     past the TTL, and new work waits."""
     held_kv_max_fraction: float | None = Field(default=None, gt=0, le=1)
-    """Held KV's share of decode's KV cache at most (e.g. 0.5): past it decode releases held turns at once,
-    those whose conversations come back last first, so new work always finds that much room without a
-    release on its path. Unset: held KV may fill the cache and yields only when a request needs blocks.
-    Needs releaseUnderPressure."""
+    """The share of decode's KV cache held KV may keep from new work (e.g. 0.5): when a turn ends with less
+    than the rest of the cache free, decode releases held turns at once, those whose conversations come
+    back last first, so new work finds that room without a release on its path. Unset: held KV may fill
+    the cache and yields only when a request needs blocks. Needs releaseUnderPressure."""
     kv_lease_duration_seconds: int = Field(default=120, ge=MIN_KV_LEASE_SECONDS, le=MAX_KV_LEASE_SECONDS)
     """kv_lease_duration: seconds prefill holds a finished prefill's blocks for decode to read (vLLM: 30).
     Decode's heartbeats renew it (every 1/6 of it, by 2/3 of it), but only once decode's scheduler has the request.

@@ -141,11 +141,16 @@ class FakePool:
     num_gpu_blocks: int
     free: int
 
+    def get_num_free_blocks(self) -> int:
+        return self.free
+
 
 @dataclass
 class FakeManager:
     pool: FakePool
     owned: dict[str, int] = field(default_factory=dict)
+    ids: dict[str, list[int]] = field(default_factory=dict)
+    next_id: int = 0
 
     @property
     def block_pool(self) -> FakePool:
@@ -156,10 +161,13 @@ class FakeManager:
             return None
         self.pool.free -= blocks
         self.owned[request.request_id] = self.owned.get(request.request_id, 0) + blocks
-        return list(range(blocks))
+        new = list(range(self.next_id, self.next_id + blocks))
+        self.next_id += blocks
+        self.ids.setdefault(request.request_id, []).extend(new)
+        return new
 
     def get_block_ids(self, req_id: str) -> tuple[list[int], ...]:
-        return (list(range(self.owned[req_id])),)
+        return (self.ids[req_id],)
 
 
 class FakeSender:
@@ -182,6 +190,7 @@ class FakeScheduler:
 
     def _free_blocks(self, request: FakeRequest) -> None:
         self.kv_cache_manager.pool.free += self.kv_cache_manager.owned.pop(request.request_id)
+        self.kv_cache_manager.ids.pop(request.request_id, None)
         del self.requests[request.request_id]
 
     def _update_from_kv_xfer_finished(self, output: Any) -> None:
@@ -300,9 +309,9 @@ def test_held_kv_past_its_share_of_the_cache_is_released_as_the_turn_ends() -> N
     module = types.ModuleType(held_kv.SCHEDULER)
     module.Scheduler = type("Scheduler", (FakeScheduler,), {})  # type: ignore[attr-defined]
     assert held_kv.patch_scheduler(module, valve=True, max_fraction=0.5)
-    sched = module.Scheduler(blocks=10)  # at most 5 blocks held
+    sched = module.Scheduler(blocks=10)  # 5 blocks kept free of held KV
     _finish_turn(sched, "old", 3)
-    _finish_turn(sched, "new", 3)  # 6 > 5: the youngest goes at once, before any request needs room
+    _finish_turn(sched, "new", 3)  # 4 free < 5: the youngest goes at once, before any request needs room
     answer = held_kv.answer(sched, contract.HoldsRequest())
     assert (answer.held_blocks, answer.releases, answer.released) == (3, 1, ["new"])
     assert "old" in sched.requests and sched.kv_cache_manager.pool.free == 7
@@ -317,3 +326,12 @@ def test_the_held_kv_share_is_read_from_the_environment(raw: str, share: float |
 def test_a_bad_held_kv_share_names_the_variable_and_the_fix(raw: str) -> None:
     with pytest.raises(ValueError, match=r"PDX_HELD_KV_MAX_FRACTION=.*a share of decode.s KV cache in \(0, 1\]"):
         held_kv.max_fraction_from_env({held_kv.FRACTION_ENV: raw})
+
+
+def test_blocks_two_holds_share_through_the_prefix_cache_count_once(patched: type[FakeScheduler]) -> None:
+    sched = patched(blocks=10)
+    _finish_turn(sched, "turn-1", 3)
+    _finish_turn(sched, "turn-2", 2)
+    ids = sched.kv_cache_manager.ids
+    ids["turn-2"] = [*ids["turn-1"][:2], *ids["turn-2"]]  # a later turn of the same conversation
+    assert held_kv.answer(sched, contract.HoldsRequest()).held_blocks == 5
