@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds a Kubernetes control plane from Go modules, with the machine's Go: kube-apiserver,
 # kube-controller-manager, kube-scheduler and kubectl (k8s.io/kubernetes), etcd
-# (go.etcd.io/etcd/server/v3) and kwok (sigs.k8s.io/kwok). Prints the directory holding the six
-# binaries on stdout (beside it, share/kwok: kwok's ClusterRole and stages); everything else goes
+# (go.etcd.io/etcd/server/v3), kwok (sigs.k8s.io/kwok) and helm (helm.sh/helm/v4). Prints the
+# directory holding the seven binaries on stdout (beside it, share/kwok: kwok's ClusterRole and stages); everything else goes
 # to stderr. tests/support/control_plane.py starts them.
 #
 # The versions live in two small wrapper modules, each with the programs as `tool` lines:
@@ -14,6 +14,8 @@
 #   scripts/control-plane/kwok/go.mod  kwok v0.8.0 with its own pins (its k8s.io modules are
 #                                      v0.36.1 and its gRPC newer than Kubernetes'; kept apart
 #                                      so neither moves the other's dependencies).
+#   scripts/control-plane/helm/go.mod  the helm command v4.3.2 with its own pins (k8s.io modules
+#                                      v0.37.2), apart for the same reason.
 # Re-pin: edit a version with `go get -tool PKG@VERSION` in that directory, then `go mod tidy`.
 #
 # Go's module cache and build cache are the default ones (GOMODCACHE, GOCACHE), so a rebuild
@@ -26,7 +28,12 @@ mods=$here/control-plane
 cache=${PDX_CACHE:-$HOME/.cache/pdx}/control-plane
 k8s_version=v1.36.3   # must match scripts/control-plane/go.mod (checked below)
 kwok_version=v0.8.0   # must match scripts/control-plane/kwok/go.mod (checked below)
-bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok)
+helm_version=v4.3.2   # must match scripts/control-plane/helm/go.mod (checked below)
+# The Prometheus Operator's published CRDs (PodMonitor, ServiceMonitor, PrometheusRule), as its
+# Go module ships them (example/prometheus-operator-crd): pdx renders PodMonitors and the chart
+# a ServiceMonitor and a PrometheusRule; tests/cluster installs the CRDs to have them accepted.
+prometheus_operator=github.com/prometheus-operator/prometheus-operator@v0.85.0
+bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm)
 
 log() { echo "build-control-plane: [${SECONDS}s] $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -39,14 +46,15 @@ case $go_version in
   *) die "needs Go >= 1.26, found $go_version" ;;
 esac
 
-key=$( (cat "$mods/go.mod" "$mods/go.sum" "$mods/kwok/go.mod" "$mods/kwok/go.sum" "$0"
+key=$( (cat "$mods/go.mod" "$mods/go.sum" "$mods/kwok/go.mod" "$mods/kwok/go.sum" \
+         "$mods/helm/go.mod" "$mods/helm/go.sum" "$0"
         echo "$go_version $(go env GOOS)/$(go env GOARCH)") | sha256sum | cut -c1-16)
 out=$cache/$key
 built() {
   [ -f "$out/ok" ] || return 1
   local b
   for b in "${bins[@]}"; do [ -x "$out/bin/$b" ] || return 1; done
-  [ -f "$out/share/kwok/rbac.yaml" ]
+  [ -f "$out/share/kwok/rbac.yaml" ] && [ -f "$out/share/prometheus-operator/podmonitors.yaml" ]
 }
 if built; then echo "$out/bin"; exit 0; fi
 
@@ -59,6 +67,8 @@ grep -Eq "^\s+k8s.io/kubernetes $k8s_version( |\$)" "$mods/go.mod" ||
   die "scripts/control-plane/go.mod does not require k8s.io/kubernetes $k8s_version"
 grep -Eq "^\s+sigs.k8s.io/kwok $kwok_version( |\$)" "$mods/kwok/go.mod" ||
   die "scripts/control-plane/kwok/go.mod does not require sigs.k8s.io/kwok $kwok_version"
+grep -Eq "^\s+helm.sh/helm/v4 $helm_version( |\$)" "$mods/helm/go.mod" ||
+  die "scripts/control-plane/helm/go.mod does not require helm.sh/helm/v4 $helm_version"
 
 started=$SECONDS
 rm -rf "$cache"/build.*   # left by a killed build (we hold the lock: no build is running)
@@ -91,6 +101,11 @@ log "building kwok $kwok_version"
 (cd "$mods/kwok" && "${build[@]}" -ldflags="-s -X sigs.k8s.io/kwok/pkg/consts.Version=${kwok_version#v}" \
   -o "$work/out/bin/kwok" sigs.k8s.io/kwok/cmd/kwok >&2) ||
   die "go build of sigs.k8s.io/kwok/cmd/kwok failed"
+# `helm version` reports what Helm's own Makefile sets (without it: v4.0+unreleased).
+log "building helm $helm_version"
+(cd "$mods/helm" && "${build[@]}" -ldflags="-s -X helm.sh/helm/v4/internal/version.version=$helm_version \
+  -X helm.sh/helm/v4/internal/version.gitTreeState=clean" -o "$work/out/bin/helm" helm.sh/helm/v4/cmd/helm >&2) ||
+  die "go build of helm.sh/helm/v4/cmd/helm failed"
 
 # kwok's own ClusterRole and the stages that make it act as a kubelet (nodes Ready, with
 # heartbeat Leases; pods Running and Ready, then gone once deleted), from the module just built.
@@ -101,10 +116,21 @@ for stage in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-
              pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete; do
   cp "$kwok_dir/kustomize/stage/$stage.yaml" "$work/out/share/kwok/stages/"
 done
+
+# The module is only downloaded (checked against Go's checksum database, as any), not built.
+log "fetching the CRDs of $prometheus_operator"
+po_dir=$(cd "$work/tmp" && GOFLAGS='' go mod download -json "$prometheus_operator" |
+  sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p') || die "go mod download $prometheus_operator failed"
+[ -d "$po_dir/example/prometheus-operator-crd" ] || die "no example/prometheus-operator-crd in $prometheus_operator"
+mkdir -p "$work/out/share/prometheus-operator"
+for crd in podmonitors servicemonitors prometheusrules; do
+  cp "$po_dir/example/prometheus-operator-crd/monitoring.coreos.com_$crd.yaml" "$work/out/share/prometheus-operator/$crd.yaml"
+done
 chmod -R u+w "$work/out/share"
 
 cp "$mods/go.mod" "$work/out/go.mod"
 cp "$mods/kwok/go.mod" "$work/out/kwok.go.mod"
+cp "$mods/helm/go.mod" "$work/out/helm.go.mod"
 echo "$go_version built in $((SECONDS - started)) s" >"$work/out/ok"
 rm -rf "$out" && mv "$work/out" "$out"
 

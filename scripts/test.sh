@@ -10,9 +10,9 @@ scripts/setup-helm-env.sh
 # about 5 minutes on a cold cache, nothing after. A failed build stops the run.
 [ "${PDX_SKIP_APISERVER:-}" = 1 ] || scripts/build-crd-apiserver.sh >/dev/null
 # The Kubernetes control plane tests/cluster runs (kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl 1.36.3, etcd 3.6.8, kwok 0.8.0 built from Go modules with the machine's
-# Go; docs/control-plane.md), cached under ${PDX_CACHE:-~/.cache/pdx}: about 9 minutes on a cold
-# Go cache, seconds after. A failed build stops the run.
+# kube-scheduler, kubectl 1.36.3, etcd 3.6.8, kwok 0.8.0 and helm 4.3.2 built from Go modules
+# with the machine's Go; docs/control-plane.md), cached under ${PDX_CACHE:-~/.cache/pdx}: about
+# 12 minutes on a cold Go cache, seconds after. A failed build stops the run.
 [ "${PDX_SKIP_CONTROL_PLANE:-}" = 1 ] || scripts/build-control-plane.sh >/dev/null
 # The router's Redis store is tested against a real redis-server on loopback.
 if ! command -v redis-server >/dev/null; then

@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 
 from pdx.controller.kube import Kube
-from pdx.controller.reconcile import Outcome, reconcile
+from pdx.controller.reconcile import Outcome, needs_apply, reconcile, stamp
 from pdx.labels import APPLIED_HASH
 from pdx.spec import API_VERSION, KIND
 from tests.operator.conftest import (
@@ -192,6 +192,27 @@ async def test_deleted_child_is_restored_and_hand_edit_repaired(api: ApiServer, 
     prefill = live(api, "StatefulSet", "demo-prefill")
     assert prefill is not None and prefill["spec"]["replicas"] == 2
     assert "DriftRepaired" in [e.reason for e in out.events]
+
+
+def test_a_zero_value_the_api_server_leaves_out_is_no_drift() -> None:
+    # A real API server stores a headless Service's `publishNotReadyAddresses: false` as
+    # nothing (omitempty); against it every pass "repaired" both engine Services (tests/cluster).
+    desired = stamp({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "demo-prefill", "namespace": NS},
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": False, "ports": [{"port": 8000}]},
+    })  # fmt: skip
+    stored = json.loads(json.dumps(desired))
+    del stored["spec"]["publishNotReadyAddresses"]
+    stored["spec"].update(type="ClusterIP", sessionAffinity="None")  # server defaults
+    stored["spec"]["ports"][0]["protocol"] = "TCP"
+    assert needs_apply(desired, stored) is None
+    # A hand edit to the non-zero value is still drift.
+    stored["spec"]["publishNotReadyAddresses"] = True
+    assert needs_apply(desired, stored) == "repaired"
+    # And a non-zero rendered value missing live is too.
+    del stored["spec"]["publishNotReadyAddresses"]
+    del stored["spec"]["clusterIP"]
+    assert needs_apply(desired, stored) == "repaired"
 
 
 async def test_invalid_spec_sets_invalid_spec_and_applies_nothing(api: ApiServer, kube: Kube) -> None:

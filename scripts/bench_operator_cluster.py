@@ -1,0 +1,235 @@
+"""The operator benchmark on the real control plane (issue 42), beside kmock's, in one run.
+
+    .venv/bin/python scripts/bench_operator_cluster.py --resources 2000 [--edits 20] [--no-kmock]
+
+Two legs, one after the other on this machine, each printing its figures; then one table:
+
+- kmock: `scripts/bench_operator.py`'s leg (the operator in a thread, kmock in its own process);
+- cluster: the control plane of tests/support/control_plane.py (built if needed; two p5en and one
+  CPU kwok nodes), the chart installed with the built `helm`, and the operator as
+  tests/cluster/test_user_flow.py runs it: the command of the chart's Deployment, as its own
+  process, with a token of the chart's ServiceAccount. The same N DisaggregatedInferences
+  (tests/operator's `cr_document`, 2P2D: 13 children each) are created with `kubectl create`
+  (in 4 parallel streams); converged is every resource's status.observedGeneration 1 (written
+  after all its children), and each one's 13 children are counted once at the end. The real
+  controllers act too: each resource's StatefulSets and Deployment make pods (Pending: 4 GPU
+  engines per resource do not fit two p5en nodes), and the operator's pod watch sees them.
+
+Figures: seconds from the last create to all converged, the operator's CPU (its process, from
+/proc) per resource over the converge phase, and CR edit latency (a TTL patch to
+status.observedGeneration 2) p50/p95 over `--edits` resources, one at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import importlib.util
+import json
+import os
+import ssl
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+
+from pdx import labels  # noqa: E402
+from pdx.spec import API_VERSION, PLURAL  # noqa: E402
+from tests.operator.conftest import cr_document  # noqa: E402
+from tests.support.control_plane import ControlPlane, build, cpu_node, p5en_node, wait_for  # noqa: E402
+from tests.support.pdx_cluster import Helm, Operator  # noqa: E402
+
+NS = "inference"
+CHILDREN = 13
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+CHILD_PATHS = (
+    "/api/v1/namespaces/{ns}/services",
+    "/apis/apps/v1/namespaces/{ns}/statefulsets",
+    "/api/v1/namespaces/{ns}/configmaps",
+    "/apis/apps/v1/namespaces/{ns}/deployments",
+    "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
+    "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
+)
+
+
+def _log(msg: str) -> None:
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+
+
+class Api:
+    """GETs and PATCHes as the cluster's admin, over one TLS context."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.url = cp.url
+        self.ctx = ssl.create_default_context(cafile=str(cp.ca))
+        self.ctx.load_cert_chain(str(cp.pki.where / "admin.crt"), str(cp.pki.where / "admin.key"))
+
+    def get(self, path: str, **params: str) -> Any:
+        query = "&".join(f"{k}={v}" for k, v in params.items())
+        with urllib.request.urlopen(f"{self.url}{path}{'?' + query if query else ''}", context=self.ctx) as r:
+            return json.loads(r.read())
+
+    def merge_patch(self, path: str, body: dict[str, Any]) -> None:
+        req = urllib.request.Request(
+            f"{self.url}{path}", data=json.dumps(body).encode(), method="PATCH",
+            headers={"Content-Type": "application/merge-patch+json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(req, context=self.ctx) as r:
+            r.read()
+
+
+def _cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def _generations(api: Api) -> dict[str, int]:
+    items = api.get(f"/apis/{API_VERSION}/namespaces/{NS}/{PLURAL}")["items"]
+    return {i["metadata"]["name"]: (i.get("status") or {}).get("observedGeneration") or 0 for i in items}
+
+
+def _children(api: Api) -> dict[str, int]:
+    """Children per instance, all kinds (metadata only would do; the full list is read once)."""
+    out: dict[str, int] = {}
+    selector = f"{labels.MANAGED_BY}={labels.MANAGER}"
+    for path in CHILD_PATHS:
+        for item in api.get(path.format(ns=NS), labelSelector=selector)["items"]:
+            instance = item["metadata"]["labels"].get(labels.INSTANCE, "")
+            out[instance] = out.get(instance, 0) + 1
+    return out
+
+
+def cluster_leg(resources: int, edits: int, deadline: float) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    cp = ControlPlane(build())
+    cp.start()
+    try:
+        cp.add_nodes(p5en_node("p5en-0"), p5en_node("p5en-1"), cpu_node("cpu-0"))
+        helm = Helm(cp)
+        helm("install", "pdx-operator", str(ROOT / "charts" / "pdx-operator"), "-n", "pdx-system", "--create-namespace")
+        deployment = cp.get("deployment", "pdx-operator", "-n", "pdx-system")
+        kubeconfig = cp.service_account_kubeconfig("pdx-system", "pdx-operator", seconds=7200)
+        operator = Operator.from_deployment(cp, deployment, kubeconfig)
+        operator.env["PDX_RESYNC_SECONDS"] = "30"  # the chart's default; the timer is not what is measured
+        cp.kubectl("create", "namespace", NS)
+        wait_for(
+            "ServiceAccount default", lambda: cp.kubectl("get", "sa", "default", "-n", NS, check=False).returncode == 0
+        )
+        operator.start()
+        assert operator.proc is not None
+        pid = operator.proc.pid
+        api = Api(cp)
+        names = [f"bulk-{i}" for i in range(resources)]
+        streams = 4
+        files = []
+        tmp = Path(tempfile.mkdtemp(prefix="pdx-bench-"))
+        for s in range(streams):
+            path = tmp / f"crs-{s}.yaml"
+            path.write_text(yaml.safe_dump_all([cr_document(name=n) for n in names[s::streams]]))
+            files.append(path)
+        _log(f"cluster: up in {cp.started_in:.1f} s; operator pid {pid}; creating {resources}")
+        cpu0 = _cpu(pid)
+        t0 = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+            list(pool.map(lambda f: cp.kubectl("create", "-f", str(f), "-o", "name", timeout=deadline), files))
+        created = time.monotonic() - t0
+        _log(f"cluster: created {resources} in {created:.1f} s")
+        done = None
+        while time.monotonic() - t0 < deadline:
+            gens = _generations(api)
+            if sum(1 for n in names if gens.get(n) == 1) == resources:
+                done = time.monotonic() - t0
+                break
+            time.sleep(0.5)
+        cpu1 = _cpu(pid)
+        gens = _generations(api)
+        kids = _children(api)
+        full = [n for n in names if gens.get(n) == 1 and kids.get(n, 0) >= CHILDREN]
+        _log(f"cluster: converged {len(full)}/{resources} at {time.monotonic() - t0:.1f} s")
+        pods = len(api.get(f"/api/v1/namespaces/{NS}/pods", labelSelector=f"{labels.NAME}={labels.APP}")["items"])
+        rows += [
+            ("all created", f"{created:.1f} s"),
+            ("last create -> all converged", f"{done - created:.1f} s" if done else f"timeout ({deadline:.0f} s)"),
+            ("converged (children + status)", f"{len(full)}/{resources}"),
+            (
+                "converge: operator CPU",
+                f"{cpu1 - cpu0:.1f} s, {(cpu1 - cpu0) / max(len(full), 1) * 1000:.0f} ms/resource",
+            ),
+            ("pods the real controllers made", str(pods)),
+        ]
+        lat: list[float] = []
+        for n in full[:edits]:
+            cr_path = f"/apis/{API_VERSION}/namespaces/{NS}/{PLURAL}/{n}"
+            t1 = time.monotonic()
+            api.merge_patch(cr_path, {"spec": {"kvTransfer": {"decoderKvBlocksTtlSeconds": 1200}}})
+            while time.monotonic() - t1 < 30:
+                if ((api.get(cr_path).get("status") or {}).get("observedGeneration")) == 2:
+                    lat.append(time.monotonic() - t1)
+                    break
+                time.sleep(0.01)
+        if lat:
+            rows += [
+                (f"CR edit -> all children, p50 (n={len(lat)})", f"{statistics.median(lat) * 1000:.0f} ms"),
+                ("CR edit -> all children, p95", f"{_pct(lat, 0.95) * 1000:.0f} ms"),
+            ]
+        operator.stop()
+    finally:
+        cp.stop()
+    return rows
+
+
+def kmock_leg(resources: int, edits: int, deadline: float) -> list[tuple[str, str]]:
+    spec = importlib.util.spec_from_file_location("bench_operator", ROOT / "scripts" / "bench_operator.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_operator"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    args = argparse.Namespace(
+        resources=resources, deadline=deadline, window=35.0, edits=edits, settle=2.0, baseline_deadline=None,
+        pin="0,1" if len(os.sched_getaffinity(0)) >= 2 else "none",
+    )  # fmt: skip
+    rows: list[tuple[str, str]] = module._leg(args, None)
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--resources", type=int, default=2000)
+    p.add_argument("--edits", type=int, default=20)
+    p.add_argument("--deadline", type=float, default=600.0, help="seconds to converge, at most (each leg)")
+    p.add_argument("--no-kmock", action="store_true", help="the cluster leg only")
+    args = p.parse_args()
+    legs: dict[str, list[tuple[str, str]]] = {}
+    if not args.no_kmock:
+        _log(f"kmock leg, {args.resources} resources")
+        legs["kmock"] = kmock_leg(args.resources, args.edits, args.deadline)
+        _log(f"kmock: {legs['kmock']}")
+    _log(f"cluster leg, {args.resources} resources")
+    legs["cluster"] = cluster_leg(args.resources, args.edits, args.deadline)
+    keys: list[str] = []
+    for rows in legs.values():
+        keys += [k for k, _ in rows if k not in keys]
+    width = max(len(k) for k in keys)
+    print(f"N = {args.resources}")
+    print(f"| {'metric':<{width}} | " + " | ".join(legs) + " |")
+    print(f"|{'-' * (width + 2)}|" + "|".join("-" * (len(k) + 2) for k in legs) + "|")
+    for k in keys:
+        print(f"| {k:<{width}} | " + " | ".join(dict(rows).get(k, "-") for rows in legs.values()) + " |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
