@@ -655,7 +655,12 @@ def execute(
     point_held = {(leg.leg, p.length, p.suffix, p.live): h for leg in results for p, h in leg.held.items()}
     capacity = {leg.leg: leg.capacity.get("decode", []) for leg in results}
     per_point = point_stats(
-        records, streams, engines=point_engines, held_by_point=point_held, decode_capacity=capacity
+        records,
+        streams,
+        engines=point_engines,
+        held_by_point=point_held,
+        decode_capacity=capacity,
+        shared_prefix=cfg.spec.shared_prefix,
     )
     per_point_shown = bool(
         cfg.suffixes or cfg.live or cfg.background is not None or any(leg.named for leg in cfg.leg_list())

@@ -49,18 +49,22 @@ async def read_holds(session: aiohttp.ClientSession, decode_urls: Sequence[str])
     return HeldFigures(releases, waited) if decode_urls else None
 
 
-def held_demand(records: Sequence[RequestRecord]) -> int:
+def held_demand(records: Sequence[RequestRecord], shared_tokens: int = 0) -> int:
     """Tokens decode would keep if it held every conversation's last turn: per conversation its
-    longest turn's prompt plus answer."""
+    longest turn's prompt plus answer, with a prefix all conversations share (`shared_tokens`,
+    one system prompt) counted once, as vLLM's prefix cache keeps it once."""
     longest: dict[str, int] = {}
     for r in records:
         tokens = r.input_num_tokens + r.output_num_tokens
         longest[r.conversation_id] = max(longest.get(r.conversation_id, 0), tokens)
-    return sum(longest.values())
+    shared = min([shared_tokens, *longest.values()]) if longest else 0
+    return sum(longest.values()) - shared * max(0, len(longest) - 1)
 
 
-def overcommit(records: Sequence[RequestRecord], decode_capacity: Sequence[int | None]) -> float | None:
+def overcommit(
+    records: Sequence[RequestRecord], decode_capacity: Sequence[int | None], shared_tokens: int = 0
+) -> float | None:
     """Held demand over what the decodes can keep; None when a decode's capacity is unknown."""
     if not decode_capacity or any(c is None or c <= 0 for c in decode_capacity):
         return None
-    return held_demand(records) / sum(c for c in decode_capacity if c is not None)
+    return held_demand(records, shared_tokens) / sum(c for c in decode_capacity if c is not None)

@@ -89,11 +89,13 @@ def point_stats(
     engines: Mapping[PointKey, GroupEngines] | None = None,
     held_by_point: Mapping[PointKey, HeldFigures] | None = None,
     decode_capacity: Mapping[str, Sequence[int | None]] | None = None,
+    shared_prefix: bool = False,
 ) -> list[PointStats]:
     """One row per (leg, prefix, suffix, live) with follow-up turns, in the order they ran;
     `engines`: each point's engine figures (for where prefill's tokens came from); `held_by_point`:
     decode's held-KV counters' change per point; `decode_capacity`: per leg, each decode's KV
-    tokens (for the overcommit factor)."""
+    tokens (for the overcommit factor); `shared_prefix`: the conversations of a point share its
+    prefix (one system prompt), which decode keeps once."""
     keys: list[PointKey] = []
     for r in sorted(records, key=lambda r: r.start_time_ms):
         key = _key(r)
@@ -128,7 +130,9 @@ def point_stats(
                 live=live,
                 sources=token_sources((engines or {}).get(key), first),
                 ttft_p99=percentile(ttft, 99),
-                overcommit=overcommit(everything, (decode_capacity or {}).get(leg, ())),
+                overcommit=overcommit(
+                    everything, (decode_capacity or {}).get(leg, ()), prefix if shared_prefix else 0
+                ),
                 held=(held_by_point or {}).get(key),
             )
         )

@@ -40,6 +40,13 @@ def test_held_demand_is_each_conversations_longest_turn_with_its_answer() -> Non
     assert held_demand(RECORDS) == 2 * (1300 + 32)
 
 
+def test_a_prefix_every_conversation_shares_is_held_once() -> None:
+    assert held_demand(RECORDS, shared_tokens=1000) == 2 * (1300 + 32) - 1000
+    assert overcommit(RECORDS, [1332], shared_tokens=1000) == pytest.approx((2664 - 1000) / 1332)
+    one = [r for r in RECORDS if r.conversation_id == "a"]
+    assert held_demand(one, shared_tokens=1000) == 1332  # nothing to share with
+
+
 def test_overcommit_is_demand_over_every_decodes_capacity() -> None:
     assert overcommit(RECORDS, [1332]) == pytest.approx(2.0)
     assert overcommit(RECORDS, [666, 666]) == pytest.approx(2.0)
