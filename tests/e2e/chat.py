@@ -38,7 +38,6 @@ def chat(
     max_tokens: int = 12,
     token_ids: bool = False,
     api_key: str | None = None,
-    extra: dict[str, Any] | None = None,
 ) -> Answer:
     """One streamed, greedy turn through the router (as an agent sends it).
 
@@ -55,7 +54,6 @@ def chat(
     }
     if token_ids:
         body["return_token_ids"] = True
-    body.update(extra or {})
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
