@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Final, Literal
@@ -71,13 +72,19 @@ class DecodesHeldKv(Collector):
             answer = ep.held_kv
             if ep.role != "decode" or answer is None:
                 continue
-            name = [ep.name or ep.url]
+            name = [decode_label(ep)]
             blocks.add_metric(name, answer.held_blocks)
             capacity.add_metric(name, answer.capacity_blocks)
             valve.add_metric(name, 1 if answer.valve else 0)
             releases.add_metric(name, answer.releases)
             waited.add_metric(name, answer.waited)
         yield from (blocks, capacity, valve, releases, waited)
+
+
+def decode_label(ep: Endpoint) -> str:
+    """A decode's metric label: its pod name, else a digest of its URL. /metrics is served on the
+    clients' port, and no client may learn an engine's address."""
+    return ep.name or "decode-" + hashlib.sha256(ep.url.encode()).hexdigest()[:12]
 
 
 def held_kv_counts(endpoints: Sequence[Endpoint]) -> HeldKvCounts:
