@@ -49,6 +49,7 @@ class StoreConfig(Document):
 
 
 TenantIdentity = Literal["apiKey", "header", "single"]
+CacheIsolation = Literal["tenant", "shared"]  # the CR's router.tenancy.cacheIsolation takes these
 ConversationFrom = Literal["id", "history", "both"]
 
 
@@ -69,7 +70,7 @@ class TenancyConfig(Document):
 
     identity: TenantIdentity = "apiKey"
     header: str | None = Field(default=None, min_length=1)
-    cache_isolation: Literal["tenant", "shared"] = "tenant"
+    cache_isolation: CacheIsolation = "tenant"
 
     @model_validator(mode="after")
     def _header_iff_header_identity(self) -> TenancyConfig:

@@ -17,6 +17,7 @@ from pdx import labels
 from pdx.profiles import DEFAULT_INSTANCE_TYPE, PROFILES, InstanceProfile
 from pdx.protocol import PREFILL_DECLINE_WINDOW_SECONDS
 from pdx.rules import check_document
+from pdx_contract.router_config import CacheIsolation
 
 GROUP = "inference.pdx.dev"
 VERSION = "v1alpha1"
@@ -339,7 +340,7 @@ class TenancySpec(_Spec):
     `single`: one trusted client, such as the local demo or a benchmark: everyone shares."""
     header: str | None = Field(default=None, min_length=1)
     """For identity `header`: the header's name, e.g. `X-Tenant`."""
-    cache_isolation: Literal["tenant", "shared"] = "tenant"
+    cache_isolation: CacheIsolation = "tenant"
     """`tenant`: the router gives each tenant's requests a `cache_salt` of its own (a client's own salt
     folded in), so no engine cache, held KV included, shares a block across tenants, and no tenant can
     tell from TTFT whether another recently sent a prompt. `shared`: one prefix cache for all (one system

@@ -18,7 +18,6 @@ import orjson
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from pdx_contract import holds as held_kv
 from pdx_contract import kv_prefix
 from pdx_contract.stats import Holding
 
@@ -355,7 +354,8 @@ class Router:
         if holds.known_released(decode, hold):  # decode said so already: no call
             self.metrics.claim(Claim.GONE)
             return Claimed(holds.after_claim(attempt, Claim.GONE), None)
-        status, answer = await self._holds_call(decode, [hold], self.drops.take(decode, ask.headers), ask.headers)
+        drops = self.drops.take(decode, ask.headers)
+        status, answer = await holds_call(self.upstream, decode, [hold], drops, ask.headers)
         claim = holds.read(hold, status, answer)
         if claim is Claim.NO_VALVE and status in (404, 405):
             decode.claims = False  # no route: this engine runs no valve; stop asking it
@@ -365,11 +365,6 @@ class Router:
         pinned = (decode, hold) if claim is Claim.HELD else None
         return Claimed(holds.after_claim(attempt, claim), pinned)
 
-    async def _holds_call(
-        self, decode: Endpoint, claim: list[str], drops: list[str], headers: dict[str, str]
-    ) -> tuple[int, held_kv.HoldsAnswer | None]:
-        return await holds_call(self.upstream, decode, claim, drops, headers)
-
     def _drop_claim(self, pinned: Pinned, ask: ClientRequest) -> None:
         """Let decode release the hold again, off the turn's path (`claims`: with the next
         claim to that decode, or alone shortly)."""
@@ -377,7 +372,7 @@ class Router:
         self.drops.add(decode, hold, ask.headers)
 
     async def _send_drops(self, decode: Endpoint, drops: list[str], headers: dict[str, str]) -> None:
-        await self._holds_call(decode, [], drops, headers)
+        await holds_call(self.upstream, decode, [], drops, headers)
 
     def _local_decode(self, ask: ClientRequest, plan: TurnPlan, gen: str) -> Endpoint | None:
         """The decode to prefill this turn on, if `local.decide` says so (each turn it could

@@ -144,14 +144,19 @@ def test_an_openai_package_chat_loop_without_an_id_hits_from_turn_2(topo: LocalT
         msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": f"And service {i}?"}]
     client.close()
     assert seen == [("miss", "history"), ("hit", "history"), ("hit", "history")]
-    # a streamed turn is counted once its relay has ended, just after the client read [DONE]
-    deadline = time.monotonic() + 5
+    got = counted_within(topo, before, 5.0)
+    assert (got.get("reuse.hit"), got.get("foundBy.history")) == (2, 2), got
+
+
+def counted_within(topo: LocalTopology, before: dict[str, int], seconds: float) -> dict[str, int]:
+    """The router's counts since `before`, once they show two history hits or `seconds` passed: a
+    streamed turn is counted once its relay has ended, just after the client read [DONE]."""
+    deadline = time.monotonic() + seconds
     while True:
         got = delta(before, counts(topo.router_url))
         if (got.get("reuse.hit"), got.get("foundBy.history")) == (2, 2) or time.monotonic() > deadline:
-            break
+            return got
         time.sleep(0.05)
-    assert (got.get("reuse.hit"), got.get("foundBy.history")) == (2, 2), got
 
 
 def test_another_tenant_sending_the_same_history_finds_nothing_and_takes_nothing(topo: LocalTopology) -> None:
@@ -184,11 +189,5 @@ def test_a_completions_loop_with_a_text_prompt_and_no_id_hits_from_turn_2(topo: 
         prompt += text + f"\nQuestion {i}: which service was slowest?\nAnswer:"
     client.close()
     assert seen == [("miss", "history"), ("hit", "history"), ("hit", "history")]
-    # a streamed turn is counted once its relay has ended, just after the client read [DONE]
-    deadline = time.monotonic() + 5
-    while True:
-        got = delta(before, counts(topo.router_url))
-        if (got.get("reuse.hit"), got.get("foundBy.history")) == (2, 2) or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    got = counted_within(topo, before, 5.0)
     assert (got.get("reuse.hit"), got.get("foundBy.history")) == (2, 2), got
