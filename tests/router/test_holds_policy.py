@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pdx_router.endpoints import KNOWN_RELEASES
 from pdx_router.policy import Outcome, holds, retry
 from pdx_router.policy.holds import Claim
 from pdx_router.policy.reuse import TurnPlan
@@ -81,3 +82,10 @@ def test_a_released_or_unconfirmed_hold_is_not_read_and_the_turn_says_released(c
 def test_an_unreachable_holder_means_the_kv_went_with_it_and_another_decode_takes_the_turn() -> None:
     after = holds.after_claim(retry.first_attempt(PLAN), Claim.UNREACHABLE)
     assert after.outcome is Outcome.EXPIRED and not after.reuse and after.affinity is None
+
+
+def test_a_decodes_known_releases_are_bounded_oldest_first() -> None:
+    decode = ep("decode", "http://d0")
+    decode.note_releases([f"cmpl-{i}" for i in range(KNOWN_RELEASES + 10)], KNOWN_RELEASES + 10)
+    assert len(decode.released) == KNOWN_RELEASES and decode.released_seq == KNOWN_RELEASES + 10
+    assert not holds.known_released(decode, "cmpl-0") and holds.known_released(decode, f"cmpl-{KNOWN_RELEASES + 9}")
