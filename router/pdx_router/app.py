@@ -491,6 +491,12 @@ class Router:
             out = Stream(200, {**headers, **self._answer_headers(ask, done)})
             out.start(req)
             return await self._relay_events(ask, done, decode, relay, out)
+        except asyncio.CancelledError:
+            # The client left (its handler is cancelled): once its answer had begun, the turn was
+            # served as decided and counts, as a client closing right after [DONE] does.
+            if not relay.first:
+                self._finish(done)
+            raise
         finally:
             if not relay.ended:
                 call.abort()  # the client left, or the stream is given up: decode aborts the request

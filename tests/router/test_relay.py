@@ -60,3 +60,24 @@ async def test_a_stream_read_whole_in_one_read_is_relayed_whole(
     async with aiohttp.ClientSession(timeout=timeout) as http, http.post(url, json=body) as r:
         got = await r.read()
     assert r.status == 200 and got == b"".join(EVENTS)
+
+
+async def test_a_turn_whose_client_leaves_once_its_answer_began_is_still_counted(
+    make_stack: StackFactory,
+) -> None:
+    """An agent that closes its connection right after [DONE] (or mid-answer) cancels the router's
+    handler; the turn was served as decided, so its outcome counts in the stats and metrics."""
+    s = await make_stack(decode_opts={"token_delay": 0.2})
+    body = {"model": "Qwen", "messages": [user("hello")], "stream": True, "max_tokens": 8}
+    async with aiohttp.ClientSession() as http, http.post(s.url + "/v1/chat/completions", json=body) as r:
+        async for line in r.content:
+            if line.startswith(b"data:"):
+                break  # the first token, then the client goes
+    async with aiohttp.ClientSession() as http:
+        for _ in range(100):
+            async with http.get(s.url + "/v1/pdx/stats") as got:
+                counted = sum((await got.json())["reuse"].values())
+            if counted:
+                break
+            await asyncio.sleep(0.02)
+    assert counted == 1
