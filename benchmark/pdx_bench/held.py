@@ -1,5 +1,5 @@
 """Held KV under pressure, per point: how far the conversations overcommit decode's KV cache, and
-what decode did about it (releases, requests that waited behind held KV).
+what decode did about it (holds released and shortened, requests that waited behind held KV).
 
 Decode's figures come from its own `POST /v1/pdx/holds` (pdx_contract.holds, an empty claim),
 read before and after each point; the overcommit factor from the point's own records and
@@ -24,14 +24,15 @@ class HeldFigures:
 
     releases: int
     waited: int
+    trims: int = 0
 
     def since(self, before: HeldFigures) -> HeldFigures:
-        return HeldFigures(self.releases - before.releases, self.waited - before.waited)
+        return HeldFigures(self.releases - before.releases, self.waited - before.waited, self.trims - before.trims)
 
 
 async def read_holds(session: aiohttp.ClientSession, decode_urls: Sequence[str]) -> HeldFigures | None:
     """The decodes' counters now; None when one has no holds route (no pdx plugin) or no answer."""
-    releases = waited = 0
+    releases = waited = trims = 0
     for url in decode_urls:
         try:
             async with session.post(
@@ -46,7 +47,8 @@ async def read_holds(session: aiohttp.ClientSession, decode_urls: Sequence[str])
             return None
         releases += answer.releases
         waited += answer.waited
-    return HeldFigures(releases, waited) if decode_urls else None
+        trims += answer.trims
+    return HeldFigures(releases, waited, trims) if decode_urls else None
 
 
 def held_demand(records: Sequence[RequestRecord], shared_tokens: int = 0) -> int:

@@ -160,12 +160,12 @@ def source_mix(p: PointStats) -> str:
 
 HEADERS = (
     "leg", "prefix", "suffix", "live", "n", "TTFT p50", "TTFT p90", "TTFT p99", "outcomes", "P cache/D->P/computed %",
-    "new tok", "TPOT p50", "TPOT p90", "ITL p99", "TPOT n", "overcommit", "released/waited",
+    "new tok", "TPOT p50", "TPOT p90", "ITL p99", "TPOT n", "overcommit", "released/shortened/waited",
 )  # fmt: skip
 
 
 def held_cell(p: PointStats) -> str:
-    return "-" if p.held is None else f"{p.held.releases}/{p.held.waited}"
+    return "-" if p.held is None else f"{p.held.releases}/{p.held.trims}/{p.held.waited}"
 
 
 def table_rows(points: Sequence[PointStats]) -> list[tuple[str, ...]]:
@@ -233,6 +233,7 @@ def to_json(p: PointStats) -> dict[str, object]:
         "ttft_p99": num(p.ttft_p99),
         "overcommit": p.overcommit,
         "releases": None if p.held is None else p.held.releases,
+        "trims": None if p.held is None else p.held.trims,
         "waited_on_held": None if p.held is None else p.held.waited,
         "sources": None
         if p.sources is None

@@ -5,8 +5,9 @@ engine plugin (`pdx_engine.held_kv`) releases held conversations (those that com
 An early release must never let prefill read blocks that were freed and reused, and the guard
 must not depend on a clock. So a hold is released only while unclaimed: before the router
 attaches a hold to a prefill request it claims it here, and decode answers which of the holds
-it still has (now pinned); after prefill has answered (read done, or no read), the router
-drops the claim. A hold missing from the answer was released: that turn goes without reuse.
+it still has (now pinned) and how much of each it shortened; after prefill has answered (read
+done, or no read), the router drops the claim. A hold missing from the answer was released:
+that turn goes without reuse. A shortened one is read only up to its kept tokens.
 Each answer also names the holds released early since the router last asked (``since``), so the
 next turn of a released conversation goes plain at once, without a claim.
 
@@ -14,6 +15,8 @@ Typed here once: the engine plugin serves these, the router sends them.
 """
 
 from __future__ import annotations
+
+from typing import Annotated
 
 from pydantic import Field
 
@@ -38,11 +41,16 @@ class HoldsAnswer(Document):
     """Which claimed holds decode still has (each now claimed once more), and its KV figures."""
 
     held: list[HoldId] = Field(default_factory=list)
+    kept: dict[HoldId, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+    """Of the held ones, those shortened under pressure: the leading tokens still held. Prefill
+    may read only those; the blocks past them were freed and may hold another request's KV."""
     held_blocks: int = Field(default=0, ge=0)
     """Blocks of finished turns decode keeps for their next turn."""
     capacity_blocks: int = Field(default=0, ge=0)
     releases: int = Field(default=0, ge=0)
     """Holds released early since the engine started (pressure, not the TTL nor a read)."""
+    trims: int = Field(default=0, ge=0)
+    """Holds shortened early since the engine started (their tails freed, their prefixes kept)."""
     waited: int = Field(default=0, ge=0)
     """Requests refused KV blocks at least once while decode kept held KV (the valve off, or every
     hold claimed): what held KV cost new work, since the engine started."""

@@ -57,6 +57,19 @@ class HeldPrefix(Document):
         return raw if len(raw) == blocks * DIGEST_BYTES else None
 
 
+    def cut(self, tokens: int) -> HeldPrefix | None:
+        """The same prefix ending at the last block boundary within ``tokens`` (decode shortened
+        its hold to them); None when no whole block is left or the digests are malformed."""
+        chain = self.chain()
+        blocks = min(tokens, self.num_tokens) // self.block_size
+        if chain is None or blocks <= 0:
+            return None
+        if blocks * self.block_size >= self.num_tokens:
+            return self
+        digests = base64.b64encode(chain[: blocks * DIGEST_BYTES]).decode()
+        return HeldPrefix(num_tokens=blocks * self.block_size, block_size=self.block_size, digests=digests)
+
+
 _NUM_TOKENS = HeldPrefix.model_fields["num_tokens"].alias or "num_tokens"  # its wire name
 
 Outcome = Literal["hit", "prefix_mismatch", "below_threshold"]

@@ -84,6 +84,8 @@ class HeldKvCounts(_Read):
     capacity_blocks: int = 0
     releases: int = 0
     """Holds released early under pressure, since each engine started."""
+    trims: int = 0
+    """Holds shortened early under pressure (tail freed, prefix kept), since each engine started."""
     waited: int = 0
     """Requests refused KV blocks while held KV was there, since each engine started."""
 

@@ -6,13 +6,16 @@ new requests wait for the TTL (minutes). With this plugin, whenever the schedule
 allocate blocks for a request (admission, a P->D read's landing, a local turn, a running
 request's growth), it first releases held turns until the request fits, those whose
 conversations come back last first (`Holds.victim`); only then does vLLM wait or preempt as
-before.
+before. A hold gives up only what the request lacks, from its tail (`shorten`): the rest stays
+readable, and prefill reads that prefix and computes the remainder.
 
 Safety does not rest on a clock: a hold is released only while no router claims it
 (`pdx_contract.holds`). The router claims a hold before attaching it to a prefill request and
 drops the claim once prefill has answered, so no read is in flight on a hold that is released.
 A release frees the blocks in the scheduler at once and tells the worker (NIXL's own send
-deadline, set to the past) to forget them; the worker's later "sent" report is swallowed.
+deadline, set to the past) to forget them; the worker's later "sent" report is swallowed. A hold
+shortened while unclaimed reports its kept tokens in the next claim's answer, and the router
+cuts what prefill reads to them; blocks past them are never named to a reader again.
 
 ``PDX_HELD_KV_VALVE=0`` turns the valve off (claims are still answered); anything else, or
 unset, leaves it on. ``PDX_HELD_KV_MAX_FRACTION`` (0 < f <= 1, from the CR's
@@ -85,6 +88,8 @@ class Holds:
         self._born: dict[str, float] = {}  # hold id -> when its turn ended
         self._gaps: deque[float] = deque(maxlen=GAPS_KEPT)  # turn end -> the next turn's claim, seconds
         self._released: set[str] = set()  # freed early; the worker's "sent" report is still due
+        self._kept: dict[str, int] = {}  # shortened holds: the leading tokens still held
+        self.trims = 0  # holds shortened under pressure (their tails freed, their prefixes kept)
         self.releases = 0  # also the sequence number of the last release (`released_after`)
         self._release_log: deque[tuple[int, str]] = deque(maxlen=contract.MAX_IDS)
         self._waited: OrderedDict[str, None] = OrderedDict()  # the last WAITED_KEPT ids counted below
@@ -164,6 +169,16 @@ class Holds:
     def _forget(self, hold: str) -> None:
         self._held.pop(hold, None)
         self._born.pop(hold, None)
+        self._kept.pop(hold, None)
+
+    def shortened(self, hold: str, tokens: int) -> None:
+        """``hold``'s tail was freed early: only its first ``tokens`` may be read from now on."""
+        self._kept[hold] = tokens
+        self.trims += 1
+
+    def kept(self, ids: list[str]) -> dict[str, int]:
+        """The tokens still held of each of ``ids`` that was shortened."""
+        return {hold: self._kept[hold] for hold in ids if hold in self._kept}
 
     def released(self, hold: str) -> None:
         """``hold`` was freed early: forget it, and expect the worker to report it once more."""
@@ -223,15 +238,73 @@ def release(scheduler: Any, holds: Holds, hold: str) -> bool:
     return True
 
 
-def wrap_allocate(scheduler: Any, holds: Holds, allocate: Callable[..., Any]) -> Callable[..., Any]:
-    """``allocate_slots`` that releases unclaimed holds (`Holds.victim` first) before it returns None."""
+def _group(scheduler: Any) -> Any | None:
+    """The manager of the one KV cache group; None for hybrid models, whose groups would have
+    to be cut alike (their holds are released whole)."""
+    coordinator = getattr(scheduler.kv_cache_manager, "coordinator", None)
+    managers: tuple[Any, ...] = tuple(getattr(coordinator, "single_type_managers", ()))
+    return managers[0] if len(managers) == 1 else None
+
+
+def _block_size(scheduler: Any) -> int:
+    return int(getattr(_group(scheduler), "block_size", 0) or 0)
+
+
+def _blocks_of(scheduler: Any, hold: str) -> tuple[Any, list[Any]] | None:
+    """The one KV cache group's manager and ``hold``'s blocks in it (`_group`)."""
+    manager = _group(scheduler)
+    blocks = manager.req_to_blocks.get(hold) if manager is not None else None
+    return (manager, blocks) if isinstance(blocks, list) else None
+
+
+def shorten(scheduler: Any, holds: Holds, hold: str, blocks: int, min_keep: int) -> None:
+    """Free the last ``blocks`` of ``hold``'s blocks, or all of them when fewer than ``min_keep``
+    would be left (a prefix too short to be worth a read).
+
+    vLLM frees a request's blocks from its manager's list (``req_to_blocks``): the tail cut here
+    goes back to the pool now (tail first, as vLLM frees), and a later read or TTL frees the rest.
+    """
+    request = scheduler.requests.get(hold)
+    found = _blocks_of(scheduler, hold) if request is not None and request.is_finished() else None
+    if found is None or len(found[1]) - blocks < max(min_keep, 1):
+        release(scheduler, holds, hold)
+        return
+    manager, owned = found
+    keep = len(owned) - blocks
+    tail = owned[keep:]
+    del owned[keep:]
+    if manager.num_cached_block.get(hold, 0) > keep:
+        manager.num_cached_block[hold] = keep
+    manager.block_pool.free_blocks(reversed(tail))
+    holds.shortened(hold, keep * int(manager.block_size))
+    logger.debug("pdx plugin: shortened held KV of %s to %d blocks under pressure", hold, keep)
+
+
+def _shortfall(scheduler: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """A first guess at the blocks a refused ``allocate_slots(request, num_new_tokens, ...)``
+    lacks: the new tokens' blocks beyond the free ones (the valve doubles it if short)."""
+    tokens = kwargs.get("num_new_tokens", args[0] if args else 0)
+    size = _block_size(scheduler)
+    if not isinstance(tokens, int) or size <= 0:
+        return 1
+    free = int(scheduler.kv_cache_manager.block_pool.get_num_free_blocks())
+    return max(1, -(-tokens // size) - free)
+
+
+def wrap_allocate(
+    scheduler: Any, holds: Holds, allocate: Callable[..., Any], min_keep: int = 1
+) -> Callable[..., Any]:
+    """``allocate_slots`` that shortens unclaimed holds (`Holds.victim` first) before it returns
+    None: a guess at what is missing first, then twice as much each time it is not enough."""
 
     @functools.wraps(allocate)
     def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
         blocks = allocate(request, *args, **kwargs)
+        step = _shortfall(scheduler, args, kwargs) if blocks is None else 0
         while blocks is None and (hold := holds.victim()) is not None:
-            if release(scheduler, holds, hold):
-                blocks = allocate(request, *args, **kwargs)
+            shorten(scheduler, holds, hold, step, min_keep)
+            blocks = allocate(request, *args, **kwargs)
+            step *= 2
         if blocks is None:
             holds.refused(request.request_id)
         return blocks
@@ -239,13 +312,22 @@ def wrap_allocate(scheduler: Any, holds: Holds, allocate: Callable[..., Any]) ->
     return allocate_slots
 
 
-def trim(scheduler: Any, holds: Holds, min_free: int | None) -> None:
-    """Release holds (`Holds.victim` first) until `min_free` blocks are free, or none is left."""
+def trim(scheduler: Any, holds: Holds, min_free: int | None, min_keep: int = 1) -> None:
+    """Shorten holds (`Holds.victim` first) until `min_free` blocks are free, or none is left."""
     if min_free is None:
         return
     pool = scheduler.kv_cache_manager.block_pool
-    while pool.get_num_free_blocks() < min_free and (hold := holds.victim()) is not None:
-        release(scheduler, holds, hold)
+    while (short := min_free - pool.get_num_free_blocks()) > 0 and (hold := holds.victim()) is not None:
+        shorten(scheduler, holds, hold, short, min_keep)
+
+
+def _min_keep(scheduler: Any) -> int:
+    """The fewest blocks a shortened hold keeps: those of ``kv_recompute_threshold`` tokens, below
+    which prefill would not read it anyway."""
+    sender = getattr(getattr(scheduler, "connector", None), "connector_scheduler", None)
+    threshold = int(getattr(sender, "kv_recompute_threshold", 0) or 0)
+    size = _block_size(scheduler)
+    return max(1, -(-threshold // size)) if size > 0 else 1
 
 
 def _hold_of(request: Any) -> bool:
@@ -270,7 +352,8 @@ def patch_scheduler(module: Any, valve: bool, max_fraction: float | None = None)
         init(self, *args, **kwargs)
         self._pdx_holds = Holds(valve)
         manager = self.kv_cache_manager
-        manager.allocate_slots = wrap_allocate(self, self._pdx_holds, manager.allocate_slots)
+        self._pdx_min_keep = _min_keep(self)
+        manager.allocate_slots = wrap_allocate(self, self._pdx_holds, manager.allocate_slots, self._pdx_min_keep)
         total = int(manager.block_pool.num_gpu_blocks)
         # held KV keeps at most max_fraction of the cache from new work: the rest stays free
         self._pdx_min_free = total - int(max_fraction * total) if max_fraction is not None and valve else None
@@ -280,7 +363,7 @@ def patch_scheduler(module: Any, valve: bool, max_fraction: float | None = None)
         out = free_request(self, request, *args, **kwargs)
         if request.request_id in self.requests and _hold_of(request):
             self._pdx_holds.add(request.request_id)
-            trim(self, self._pdx_holds, self._pdx_min_free)
+            trim(self, self._pdx_holds, self._pdx_min_free, self._pdx_min_keep)
         return out
 
     @functools.wraps(finished)
@@ -305,11 +388,14 @@ def answer(scheduler: Any, request: contract.HoldsRequest) -> contract.HoldsAnsw
     if holds is None:  # not patched: claims cannot pin anything, so none is granted
         return contract.HoldsAnswer(valve=False)
     holds.release_claim(list(request.release_claim))
+    held = holds.claim(list(request.claim))
     return contract.HoldsAnswer(
-        held=holds.claim(list(request.claim)),
+        held=held,
+        kept=holds.kept(held),
         held_blocks=held_blocks(scheduler, holds),
         capacity_blocks=int(scheduler.kv_cache_manager.block_pool.num_gpu_blocks),
         releases=holds.releases,
+        trims=holds.trims,
         released=holds.released_after(request.since),
         seq=holds.releases,
         waited=holds.waited,

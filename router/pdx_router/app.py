@@ -363,7 +363,8 @@ class Router:
             decode.healthy = False  # until its next health check, as after a failed hop
         self.metrics.claim(claim)
         pinned = (decode, hold) if claim is Claim.HELD else None
-        return Claimed(holds.after_claim(attempt, claim), pinned)
+        kept = answer.kept.get(hold) if answer is not None else None
+        return Claimed(holds.after_claim(attempt, claim, kept), pinned)
 
     def _drop_claim(self, pinned: Pinned, ask: ClientRequest) -> None:
         """Let decode release the hold again, off the turn's path (`claims`: with the next

@@ -62,6 +62,12 @@ class DecodesHeldKv(Collector):
             "Holds decode released early under memory pressure, since the engine started.",
             labels=["decode"],
         )
+        trims = CounterMetricFamily(
+            "pdx_router_decode_held_kv_trims",
+            "Holds decode shortened early under memory pressure (tail freed, prefix still readable),"
+            " since the engine started.",
+            labels=["decode"],
+        )
         waited = CounterMetricFamily(
             "pdx_router_decode_held_kv_waited",
             "Requests decode refused KV blocks while it kept held KV, since the engine started: held"
@@ -77,8 +83,9 @@ class DecodesHeldKv(Collector):
             capacity.add_metric(name, answer.capacity_blocks)
             valve.add_metric(name, 1 if answer.valve else 0)
             releases.add_metric(name, answer.releases)
+            trims.add_metric(name, answer.trims)
             waited.add_metric(name, answer.waited)
-        yield from (blocks, capacity, valve, releases, waited)
+        yield from (blocks, capacity, valve, releases, trims, waited)
 
 
 def decode_label(ep: Endpoint) -> str:
@@ -97,6 +104,7 @@ def held_kv_counts(endpoints: Sequence[Endpoint]) -> HeldKvCounts:
         held_blocks=sum(a.held_blocks for a in answers),
         capacity_blocks=sum(a.capacity_blocks for a in answers),
         releases=sum(a.releases for a in answers),
+        trims=sum(a.trims for a in answers),
         waited=sum(a.waited for a in answers),
     )
 

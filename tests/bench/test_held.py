@@ -59,10 +59,10 @@ def test_overcommit_is_not_guessed_without_every_decodes_capacity(capacity: list
 
 def test_a_point_carries_its_overcommit_p99_and_decodes_counts() -> None:
     key = ("on", 1000, None, 2)
-    [point] = point_stats(RECORDS, held_by_point={key: HeldFigures(3, 0)}, decode_capacity={"on": [1332]})
+    [point] = point_stats(RECORDS, held_by_point={key: HeldFigures(3, 0, 4)}, decode_capacity={"on": [1332]})
     out = to_json(point)
     assert out["overcommit"] == pytest.approx(2.0)
-    assert (out["releases"], out["waited_on_held"]) == (3, 0)
+    assert (out["releases"], out["trims"], out["waited_on_held"]) == (3, 4, 0)
     assert out["ttft_p99"] == pytest.approx(200.0)
 
 
@@ -74,7 +74,8 @@ async def test_decodes_counts_are_read_from_its_holds_route_and_absent_without_i
         async with aiohttp.ClientSession() as session:
             assert await read_holds(session, [valve_url]) == HeldFigures(0, 0)
             valve.releases = 2
-            assert await read_holds(session, [valve_url]) == HeldFigures(2, 0)
+            valve.trims = 1
+            assert await read_holds(session, [valve_url]) == HeldFigures(2, 0, 1)
             assert await read_holds(session, [valve_url, plain_url]) is None
             assert await read_holds(session, []) is None
     finally:
@@ -83,4 +84,4 @@ async def test_decodes_counts_are_read_from_its_holds_route_and_absent_without_i
 
 
 def test_figures_change_over_a_point() -> None:
-    assert HeldFigures(5, 2).since(HeldFigures(3, 2)) == HeldFigures(2, 0)
+    assert HeldFigures(5, 2, 7).since(HeldFigures(3, 2, 1)) == HeldFigures(2, 0, 6)

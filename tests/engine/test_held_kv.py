@@ -140,34 +140,62 @@ class FakeRequest:
 class FakePool:
     num_gpu_blocks: int
     free: int
+    freed: list[int] = field(default_factory=list)  # every block given back, in order
 
     def get_num_free_blocks(self) -> int:
         return self.free
+
+    def free_blocks(self, ordered: Any) -> None:
+        blocks = list(ordered)
+        self.free += len(blocks)
+        self.freed.extend(blocks)
+
+
+@dataclass
+class FakeGroup:
+    """vLLM's single-type manager: a request's blocks in order, and how many are hashed."""
+
+    block_pool: FakePool
+    block_size: int
+    req_to_blocks: dict[str, list[int]] = field(default_factory=dict)
+    num_cached_block: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
 class FakeManager:
     pool: FakePool
-    owned: dict[str, int] = field(default_factory=dict)
-    ids: dict[str, list[int]] = field(default_factory=dict)
+    block_size: int = 1  # one token a block: a request's "num_new_tokens" is its blocks
     next_id: int = 0
+    group: FakeGroup = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.group = FakeGroup(self.pool, self.block_size)
+        self.coordinator = types.SimpleNamespace(single_type_managers=(self.group,))
 
     @property
     def block_pool(self) -> FakePool:
         return self.pool
 
+    @property
+    def ids(self) -> dict[str, list[int]]:
+        return self.group.req_to_blocks
+
     def allocate_slots(self, request: FakeRequest, blocks: int) -> list[int] | None:
         if blocks > self.pool.free:
             return None
         self.pool.free -= blocks
-        self.owned[request.request_id] = self.owned.get(request.request_id, 0) + blocks
         new = list(range(self.next_id, self.next_id + blocks))
         self.next_id += blocks
         self.ids.setdefault(request.request_id, []).extend(new)
+        self.group.num_cached_block[request.request_id] = len(self.ids[request.request_id])
         return new
 
     def get_block_ids(self, req_id: str) -> tuple[list[int], ...]:
         return (self.ids[req_id],)
+
+    def free(self, req_id: str) -> None:
+        self.group.num_cached_block.pop(req_id, None)
+        self.pool.free_blocks(reversed(self.ids.pop(req_id, [])))
 
 
 class FakeSender:
@@ -178,10 +206,12 @@ class FakeSender:
 class FakeScheduler:
     """The parts of vLLM's Scheduler the plugin touches, with its real method names."""
 
-    def __init__(self, blocks: int) -> None:
+    def __init__(self, blocks: int, threshold: int = 0) -> None:
         self.kv_cache_manager = FakeManager(FakePool(blocks, blocks))
         self.requests: dict[str, FakeRequest] = {}
-        self.connector = types.SimpleNamespace(connector_scheduler=FakeSender())
+        sender = FakeSender()
+        sender.kv_recompute_threshold = threshold  # type: ignore[attr-defined]
+        self.connector = types.SimpleNamespace(connector_scheduler=sender)
         self.freed_by_vllm: list[str] = []
 
     def _free_request(self, request: FakeRequest, delay_free_blocks: bool = False) -> None:
@@ -189,8 +219,7 @@ class FakeScheduler:
             self._free_blocks(request)
 
     def _free_blocks(self, request: FakeRequest) -> None:
-        self.kv_cache_manager.pool.free += self.kv_cache_manager.owned.pop(request.request_id)
-        self.kv_cache_manager.ids.pop(request.request_id, None)
+        self.kv_cache_manager.free(request.request_id)
         del self.requests[request.request_id]
 
     def _update_from_kv_xfer_finished(self, output: Any) -> None:
@@ -276,10 +305,57 @@ def test_the_workers_report_of_a_released_hold_does_not_trip_vllms_assertion(pat
 def test_a_claim_on_a_released_hold_is_refused_so_the_router_recomputes(patched: type[FakeScheduler]) -> None:
     sched = patched(blocks=3)
     _finish_turn(sched, "a", 3)
-    sched.kv_cache_manager.allocate_slots(FakeRequest("b", finished=False), 1)
+    sched.kv_cache_manager.allocate_slots(FakeRequest("b", finished=False), 3)
     answer = held_kv.answer(sched, contract.HoldsRequest(claim=["a"]))
     assert answer.held == [] and answer.released == ["a"] and answer.seq == 1
     assert held_kv.answer(sched, contract.HoldsRequest(since=answer.seq)).released == []
+
+
+def test_a_request_short_of_a_few_blocks_takes_only_those_from_the_youngest_holds_tail(
+    patched: type[FakeScheduler],
+) -> None:
+    sched = patched(blocks=10)
+    _finish_turn(sched, "old", 3)
+    _finish_turn(sched, "new", 5)  # blocks 3..7; 2 blocks free
+    tail = sched.kv_cache_manager.ids["new"][3:]
+    assert sched.kv_cache_manager.allocate_slots(FakeRequest("fresh", finished=False), 4) is not None
+    assert sched.kv_cache_manager.ids["new"] == [3, 4, 5] and sched.kv_cache_manager.ids["old"] == [0, 1, 2]
+    assert sched.kv_cache_manager.pool.freed == tail[::-1]  # the tail's last block first, as vLLM frees
+    assert sched.kv_cache_manager.group.num_cached_block["new"] == 3
+    answer = held_kv.answer(sched, contract.HoldsRequest(claim=["new", "old"]))
+    assert answer.held == ["new", "old"] and answer.kept == {"new": 3}  # tokens: one a block here
+    assert (answer.trims, answer.releases, answer.held_blocks) == (1, 0, 6)
+
+
+def test_a_shortened_holds_read_frees_what_it_kept(patched: type[FakeScheduler]) -> None:
+    sched = patched(blocks=6)
+    _finish_turn(sched, "a", 6)
+    sched.kv_cache_manager.allocate_slots(FakeRequest("b", finished=False), 2)
+    assert sched.kv_cache_manager.pool.free == 0 and len(sched.kv_cache_manager.ids["a"]) == 4
+    sched._update_from_kv_xfer_finished(types.SimpleNamespace(finished_sending={"a"}))
+    assert sched.freed_by_vllm == ["a"]  # not swallowed: the prefix was still decode's to free
+    assert sched.kv_cache_manager.pool.free == 4 and "a" not in sched.kv_cache_manager.group.num_cached_block
+    assert held_kv.answer(sched, contract.HoldsRequest(claim=["a"])).kept == {}
+
+
+def test_a_hold_that_would_keep_less_than_the_recompute_threshold_is_released_whole(
+    patched: type[FakeScheduler],
+) -> None:
+    sched = patched(blocks=6, threshold=3)  # prefill reads no fewer than 3 tokens (blocks here)
+    _finish_turn(sched, "a", 4)
+    sched.kv_cache_manager.allocate_slots(FakeRequest("b", finished=False), 4)  # a would keep 2
+    assert "a" not in sched.requests
+    answer = held_kv.answer(sched, contract.HoldsRequest(claim=["a"]))
+    assert (answer.held, answer.released, answer.trims) == ([], ["a"], 0)
+
+
+def test_a_hybrid_models_hold_is_released_whole_never_cut(patched: type[FakeScheduler]) -> None:
+    sched = patched(blocks=6)
+    _finish_turn(sched, "a", 6)
+    manager = sched.kv_cache_manager
+    manager.coordinator = types.SimpleNamespace(single_type_managers=(manager.group, manager.group))
+    manager.allocate_slots(FakeRequest("b", finished=False), 1)
+    assert "a" not in sched.requests and manager.pool.free == 5
 
 
 def test_an_unpatched_engine_grants_no_claim() -> None:
@@ -305,16 +381,18 @@ def test_a_bad_valve_setting_names_the_variable_and_the_fix() -> None:
         held_kv.valve_from_env({held_kv.ENV: "yes"})
 
 
-def test_held_kv_past_its_share_of_the_cache_is_released_as_the_turn_ends() -> None:
+def test_held_kv_past_its_share_of_the_cache_is_given_back_as_the_turn_ends() -> None:
     module = types.ModuleType(held_kv.SCHEDULER)
     module.Scheduler = type("Scheduler", (FakeScheduler,), {})  # type: ignore[attr-defined]
     assert held_kv.patch_scheduler(module, valve=True, max_fraction=0.5)
     sched = module.Scheduler(blocks=10)  # 5 blocks kept free of held KV
     _finish_turn(sched, "old", 3)
-    _finish_turn(sched, "new", 3)  # 4 free < 5: the youngest goes at once, before any request needs room
-    answer = held_kv.answer(sched, contract.HoldsRequest())
-    assert (answer.held_blocks, answer.releases, answer.released) == (3, 1, ["new"])
-    assert "old" in sched.requests and sched.kv_cache_manager.pool.free == 7
+    _finish_turn(sched, "new", 3)  # 4 free < 5: the youngest gives a block at once, before any request needs room
+    answer = held_kv.answer(sched, contract.HoldsRequest(claim=["new"]))
+    assert (answer.held_blocks, answer.trims, answer.kept) == (5, 1, {"new": 2})
+    assert "old" in sched.requests and sched.kv_cache_manager.pool.free == 5
+    _finish_turn(sched, "third", 3)  # 2 free: third goes whole (min 1 block kept, so 3 to free)
+    assert held_kv.answer(sched, contract.HoldsRequest()).released == ["third"]
 
 
 @pytest.mark.parametrize(("raw", "share"), [("", None), ("0.5", 0.5), ("1", 1.0)])

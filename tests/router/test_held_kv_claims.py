@@ -162,7 +162,9 @@ async def test_each_health_check_polls_decodes_held_kv_for_metrics_stats_and_rel
     assert s.decode_urls[0].split("//")[1] not in text  # clients read /metrics: no engine address
     async with http.get(s.url + "/v1/pdx/stats") as r:
         held = (await r.json())["heldKv"]
-    assert held == {"decodes": 1, "valveOff": 0, "heldBlocks": 0, "capacityBlocks": 1024, "releases": 1, "waited": 0}
+    assert held == {
+        "decodes": 1, "valveOff": 0, "heldBlocks": 0, "capacityBlocks": 1024, "releases": 1, "trims": 0, "waited": 0,
+    }  # fmt: skip
     calls = len(holds_calls(s))
     outcome, _ = await turn(http, s, [*msgs, user("and then? " + LONG)], "c1")
     assert outcome == "released" and len(holds_calls(s)) == calls  # the poll had said so: no claim
@@ -177,3 +179,19 @@ async def test_a_decode_without_the_route_counts_as_valve_off_in_the_stats(
         held = (await r.json())["heldKv"]
     assert (held["decodes"], held["valveOff"]) == (1, 1)
     assert "pdx_router_decode_held_kv_valve{" not in await metrics(http, s)
+
+
+@pytest.mark.parametrize("checks", [CHECKS, {}], ids=["engines-check", "router-checks"])
+async def test_a_hold_decode_shortened_is_read_only_up_to_what_it_kept(
+    make_stack: StackFactory, http: aiohttp.ClientSession, checks: dict[str, Any]
+) -> None:
+    s = await make_stack(prefill_opts=checks, decode_opts={**checks, "valve": True})
+    _, msgs = await turn(http, s, [user(LONG)])
+    [(key, held)] = list(s.cluster.held.items())
+    kept = len(held.block_ids) - 2  # the answer's tail and a block of the prompt freed
+    assert s.decodes[0].shorten(key[1], kept)
+    outcome, _ = await turn(http, s, [*msgs, user("and then? " + LONG)])
+    assert outcome == "hit"
+    [read] = s.cluster.reads
+    assert read.correct, read.reason
+    assert read.tokens == kept * s.cluster.block_size and s.cluster.unclaimed_reads == 0

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from pdx_contract import kv_prefix
 from pdx_router.endpoints import KNOWN_RELEASES
 from pdx_router.policy import Outcome, holds, retry
 from pdx_router.policy.holds import Claim
@@ -89,3 +92,54 @@ def test_a_decodes_known_releases_are_bounded_oldest_first() -> None:
     decode.note_releases([f"cmpl-{i}" for i in range(KNOWN_RELEASES + 10)], KNOWN_RELEASES + 10)
     assert len(decode.released) == KNOWN_RELEASES and decode.released_seq == KNOWN_RELEASES + 10
     assert not holds.known_released(decode, "cmpl-0") and holds.known_released(decode, f"cmpl-{KNOWN_RELEASES + 9}")
+
+
+# ---------------------------------------------------------------- a hold decode shortened
+
+
+def _held_kv(tokens: int, block_size: int = 16) -> dict[str, object]:
+    ids = list(range(tokens))
+    held = kv_prefix.held_prefix(ids, tokens, block_size).to_json()
+    blocks = [list(range(100, 100 + -(-tokens // block_size)))]
+    return {**KV, "remote_block_ids": blocks, "remote_num_tokens": 0, kv_prefix.HELD: held}
+
+
+def test_a_held_prefix_is_cut_to_the_blocks_decode_kept_and_still_verifies() -> None:
+    kv = _held_kv(100)  # 7 blocks, the last partial
+    cut = holds.cut_to_kept(kv, 48)
+    assert cut is not None and cut["remote_block_ids"] == [[100, 101, 102]]
+    held = kv_prefix.HeldPrefix.model_validate(cut[kv_prefix.HELD])
+    chain = held.chain()
+    assert held.num_tokens == 48 and chain is not None
+    assert kv_prefix.verified_tokens(held, chain, list(range(200))) == 48  # the kept prefix still matches
+    assert kv[kv_prefix.HELD]["numTokens"] == 100  # type: ignore[index]  # the entry's copy is intact
+
+
+def test_parameters_the_router_checks_are_cut_by_tokens_and_blocks() -> None:
+    kv = {**KV, "remote_block_ids": [[5, 6, 7, 8, 9, 10, 11]], "remote_num_tokens": 100}
+    assert holds.cut_to_kept(kv, 48) == {**kv, "remote_block_ids": [[5, 6, 7]], "remote_num_tokens": 48}
+    assert holds.cut_to_kept(kv, 112) == kv  # decode kept all of it
+
+
+@pytest.mark.parametrize(
+    "kv",
+    [
+        {**KV, "remote_block_ids": [[1, 2], [3, 4]], "remote_num_tokens": 32},  # a hybrid model's two groups
+        {**KV, "remote_block_ids": [[1, 2]], "remote_num_tokens": 2},  # 2 tokens in 2 blocks: size 1 or 2
+        {**KV, "remote_block_ids": [[1, 2, 3]], "remote_num_tokens": 0},
+        {**KV, "remote_block_ids": [[1]], kv_prefix.HELD: {"numTokens": 16, "blockSize": 16, "digests": "??"}},
+    ],
+    ids=["hybrid", "unknown-block-size", "no-tokens", "bad-digests"],
+)
+def test_a_hold_that_cannot_be_cut_safely_is_not_read(kv: dict[str, object]) -> None:
+    assert holds.cut_to_kept(kv, 1) is None
+    after = holds.after_claim(retry.first_attempt(replace(PLAN, kv=kv)), Claim.HELD, 1)
+    assert after.outcome is Outcome.RELEASED and after.kv is None
+
+
+def test_a_shortened_hold_is_read_only_up_to_its_kept_tokens() -> None:
+    plan = TurnPlan(Outcome.HIT, reused_tokens=100, kv=_held_kv(100), affinity="http://d0", checked_by_engines=True)
+    after = holds.after_claim(retry.first_attempt(plan), Claim.HELD, 32)
+    assert after.reuse and after.outcome is Outcome.HIT and after.plan.reused_tokens == 32
+    assert after.kv is not None and after.kv["remote_block_ids"] == [[100, 101]]
+    assert holds.after_claim(retry.first_attempt(plan), Claim.HELD, 0).outcome is Outcome.RELEASED

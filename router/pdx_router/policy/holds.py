@@ -2,7 +2,8 @@
 
 A decode whose engines run pdx's valve releases held turns under memory pressure, but never a
 claimed one. So a turn that would read decode's blocks claims them first; a hold decode no
-longer has makes the turn `released`: plain P/D at once, never a failed read. A decode
+longer has makes the turn `released`: plain P/D at once, never a failed read. A hold decode
+shortened (its tail freed) is read only up to the tokens decode says it kept. A decode
 without the route (an engine without pdx's plugin) has no valve: it frees held KV only by a
 read or its TTL, and reuse goes on as the router's deadline allows.
 """
@@ -16,9 +17,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pdx_contract import kv_prefix
 from pdx_contract.holds import HoldsAnswer
 
 from ..endpoints import Endpoint
+from ..tokens import infer_block_size
 from . import Outcome
 from .retry import Attempt
 
@@ -83,8 +86,50 @@ def read(hold: str, status: int, answer: HoldsAnswer | None) -> Claim:
     return Claim.GONE if answer.valve else Claim.NO_VALVE
 
 
-def after_claim(attempt: Attempt, claim: Claim) -> Attempt:
-    """The try to make once decode answered: reuse only what is pinned (or cannot be released)."""
+def cut_to_kept(kv: dict[str, Any], tokens: int) -> dict[str, Any] | None:
+    """A copy of a hold's parameters that names only its first `tokens` (decode kept those of a
+    hold it shortened); None when they cannot be cut safely: then nothing may be read.
+
+    Prefill's reader pairs the tail of `remote_block_ids` with its own blocks, so the list must
+    end at the last kept block; a held prefix (`pdx_contract.kv_prefix`) is cut with it."""
+    groups = kv.get("remote_block_ids")
+    if not isinstance(groups, list) or len(groups) != 1 or not isinstance(groups[0], list):
+        return None
+    out = dict(kv)
+    raw = kv.get(kv_prefix.HELD)
+    if raw is not None:
+        try:
+            held = kv_prefix.HeldPrefix.model_validate(raw).cut(tokens)
+        except ValidationError:
+            held = None
+        if held is None:
+            return None
+        out[kv_prefix.HELD] = held.to_json()
+        blocks = -(-held.num_tokens // held.block_size)
+    else:
+        n = kv.get("remote_num_tokens")
+        if not isinstance(n, int) or n <= 0:
+            return None
+        if tokens >= n:
+            return out
+        size = infer_block_size(n, len(groups[0]))
+        if size is None or tokens < size:
+            return None
+        blocks = tokens // size
+        out["remote_num_tokens"] = blocks * size
+    out["remote_block_ids"] = [list(groups[0][:blocks])]
+    return out
+
+
+def after_claim(attempt: Attempt, claim: Claim, kept: int | None = None) -> Attempt:
+    """The try to make once decode answered: reuse only what is pinned (or cannot be released),
+    and of a hold decode shortened (`kept` tokens left) only that prefix."""
+    if claim is Claim.HELD and kept is not None and attempt.plan.kv is not None:
+        cut = cut_to_kept(attempt.plan.kv, kept)
+        if cut is None:
+            return replace(attempt, outcome=Outcome.RELEASED, reuse=False)
+        plan = replace(attempt.plan, kv=cut, reused_tokens=min(attempt.plan.reused_tokens, kept))
+        return replace(attempt, plan=plan)
     if claim in (Claim.HELD, Claim.NO_VALVE):
         return attempt
     if claim is Claim.UNREACHABLE:  # as a decode hop that cannot connect: another decode

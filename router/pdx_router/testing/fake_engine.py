@@ -199,6 +199,8 @@ class FakeEngine:
         self.healthy = True
         self.releases = 0
         self.released: list[str] = []  # in release order: the answers' `released` after `since`
+        self.kept: dict[str, int] = {}  # holds shortened by `shorten`: the tokens still held
+        self.trims = 0
         self._ids = itertools.count(1)
         self._blocks = itertools.count(1)
         self.app = web.Application()
@@ -268,6 +270,19 @@ class FakeEngine:
         self.released.append(rid)
         return True
 
+    def shorten(self, rid: str, blocks: int) -> bool:
+        """Memory pressure on this decode: free an unclaimed hold's blocks past its first
+        `blocks`, as the valve does; a read past them is then flagged incorrect."""
+        key = (self.opts.engine_id, rid)
+        held = self.cluster.held.get(key)
+        if self.cluster.claims[key] > 0 or held is None or not 0 < blocks < len(held.block_ids):
+            return False
+        del held.block_ids[blocks:]
+        del held.token_ids[blocks * self.cluster.block_size :]
+        self.kept[rid] = blocks * self.cluster.block_size
+        self.trims += 1
+        return True
+
     # ------------------------------------------------------------ routes
 
     async def holds(self, req: web.Request) -> web.Response:
@@ -286,6 +301,8 @@ class FakeEngine:
         since = asked.since if asked.since <= self.releases else 0
         answer = holds_contract.HoldsAnswer(
             held=held,
+            kept={rid: self.kept[rid] for rid in held if rid in self.kept},
+            trims=self.trims,
             held_blocks=blocks,
             capacity_blocks=1024,
             releases=self.releases,
