@@ -334,15 +334,18 @@ class Router:
         self, prefill: Endpoint, path: str, ask: ClientRequest, body: dict[str, Any], pinned: Pinned | None
     ) -> Any:
         """Prefill's answer's kv_transfer_params; the claim on the hold it read is dropped once
-        prefill has answered (or never will): its read, if any, is over."""
+        prefill has answered (or never will): its read, if any, is over. A hold prefill read
+        is freed by decode, claim and all: no drop (`holds.read_by_prefill`)."""
+        pkv: Any = None
         try:
             answer = await self._call(prefill, path, ask, body)
             pkv = answer.get("kv_transfer_params")
             if pkv is not None and not well_formed_kv(pkv):
+                pkv = None
                 raise MalformedAnswer(prefill, 200, "kv_transfer_params of the wrong shape")
             return pkv
         finally:
-            if pinned is not None:
+            if pinned is not None and not holds.read_by_prefill(pkv if isinstance(pkv, dict) else None):
                 self._drop_claim(pinned, ask)
 
     async def _claim(self, attempt: Attempt, ask: ClientRequest) -> Claimed | None:

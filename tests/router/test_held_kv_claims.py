@@ -51,7 +51,7 @@ def holds_calls(s: Stack) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("conversation", [None, "c1"], ids=["by-history", "by-id"])
-async def test_a_read_is_claimed_first_and_the_claim_dropped_after_prefill(
+async def test_a_read_is_claimed_first_and_decode_frees_what_prefill_read_without_a_drop(
     make_stack: StackFactory, http: aiohttp.ClientSession, conversation: str | None
 ) -> None:
     s = await make_stack(prefill_opts=CHECKS, decode_opts={**CHECKS, "valve": True})
@@ -61,6 +61,25 @@ async def test_a_read_is_claimed_first_and_the_claim_dropped_after_prefill(
     assert (first, second) == ("miss", "hit")
     assert s.cluster.reads and all(r.correct for r in s.cluster.reads)
     assert s.cluster.unclaimed_reads == 0
+    await asyncio.sleep(0.2)  # past the drops' flush
+    assert not +s.cluster.claims and s.router.drops.pending() == 0
+    [claim] = holds_calls(s)  # the read hold went with its claim: one call for the turn
+    assert claim["claim"] != [] and claim["releaseClaim"] == []
+    assert 'pdx_router_held_kv_claims_total{answer="held"} 1.0' in await metrics(http, s)
+
+
+UNREAD = {**CHECKS, "kv_recompute_threshold": 1 << 20}  # prefill finds every hold below its threshold
+
+
+async def test_a_claim_on_a_hold_prefill_did_not_read_is_dropped_after_prefill(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(prefill_opts=UNREAD, decode_opts={**CHECKS, "valve": True})
+    s.router.drops.flush_seconds = 0.05
+    first, msgs = await turn(http, s, [user(LONG)])
+    second, _ = await turn(http, s, [*msgs, user("and then? " + LONG)])
+    assert (first, second) == ("miss", "below_threshold")
+    assert all(r.tokens == 0 for r in s.cluster.reads)  # nothing read
     for _ in range(100):  # the claim is dropped off the turn's path
         if not +s.cluster.claims:
             break
@@ -68,17 +87,16 @@ async def test_a_read_is_claimed_first_and_the_claim_dropped_after_prefill(
     assert not +s.cluster.claims
     [claim, drop] = holds_calls(s)  # nothing else to ride with: the drop went alone, shortly after
     assert claim["claim"] == drop["releaseClaim"] != [] and drop["claim"] == []
-    assert 'pdx_router_held_kv_claims_total{answer="held"} 1.0' in await metrics(http, s)
 
 
 async def test_a_dropped_claim_rides_with_the_next_claim_to_that_decode(
     make_stack: StackFactory, http: aiohttp.ClientSession
 ) -> None:
-    s = await make_stack(prefill_opts=CHECKS, decode_opts={**CHECKS, "valve": True})
+    s = await make_stack(prefill_opts=UNREAD, decode_opts={**CHECKS, "valve": True})
     s.router.drops.flush_seconds = 60.0  # no flush on its own within the test
-    assert await three_turns(http, s) == ["miss", "hit", "hit"]
+    assert await three_turns(http, s) == ["miss", "below_threshold", "below_threshold"]
     calls = holds_calls(s)
-    assert len(calls) == 2  # two reused turns, two calls: the first drop rode with the second claim
+    assert len(calls) == 2  # two claiming turns, two calls: the first drop rode with the second claim
     assert calls[1]["releaseClaim"] == calls[0]["claim"]
     assert s.router.drops.pending() == 1 and sum(s.cluster.claims.values()) == 1  # the last, until a flush
 

@@ -24,6 +24,7 @@ from ..endpoints import Endpoint
 from ..tokens import infer_block_size
 from . import Outcome
 from .retry import Attempt
+from .reuse import checked_outcome
 
 
 class Claim(Enum):
@@ -135,3 +136,11 @@ def after_claim(attempt: Attempt, claim: Claim, kept: int | None = None) -> Atte
     if claim is Claim.UNREACHABLE:  # as a decode hop that cannot connect: another decode
         return replace(attempt, outcome=Outcome.EXPIRED, reuse=False, affinity=None)
     return replace(attempt, outcome=Outcome.RELEASED, reuse=False)
+
+
+def read_by_prefill(prefill_kv: dict[str, Any] | None) -> bool:
+    """Prefill's answer says it read the hold (its check found a hit): decode frees a hold once
+    read, claim and all, so the claim needs no drop. A read whose notice to decode was lost
+    leaves the hold pinned until its TTL, as without pdx."""
+    outcome, tokens = checked_outcome(prefill_kv)
+    return outcome is Outcome.HIT and tokens > 0

@@ -112,6 +112,14 @@ class Cluster:
     reads: list[Read] = field(default_factory=list)
     locals: list[LocalPrefill] = field(default_factory=list)
 
+    def read_done(self, kv: dict[str, Any]) -> None:
+        """Prefill read a hold: a valve decode frees it, claims and all, as vLLM frees every hold
+        once read (other fake decodes keep theirs, so that tests may read one hold twice)."""
+        key = (str(kv.get("remote_engine_id")), str(kv.get("remote_request_id")))
+        if key[0] in self.valves:
+            self.held.pop(key, None)
+            self.claims.pop(key, None)
+
     def encode(self, text: str) -> list[int]:
         if self.chat_tokens is None:
             return self.vocab.encode(text)
@@ -382,6 +390,8 @@ class FakeEngine:
             if self.opts.fail_reads or read.reason == "expired":
                 return self.json_response({"error": {"message": "KV load failed", "code": 500}}, status=500)
         await asyncio.sleep(self.opts.prefill_delay)
+        if read is not None and read.correct and read.tokens > 0:
+            self.cluster.read_done(kv)
         rid = f"cmpl-{self.opts.engine_id}-{next(self._ids)}"
         out_kv = {
             "do_remote_prefill": True,
