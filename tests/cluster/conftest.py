@@ -8,14 +8,21 @@ instead, with the reason in pytest's summary.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from pdx.controller.kube import ApiError, Kube
 from tests.support.control_plane import BuildError, ControlPlane, build, cpu_node, p5en_node, wait_for
+from tests.support.operator_cluster import OPERATOR_USER, Cluster, InProcessOperator, kube_for
+
+ROOT = Path(__file__).parents[2]
+CRD = "disaggregatedinferences.inference.pdx.dev"
 
 GPU_NODES = ("p5en-0", "p5en-1")
 CPU_NODES = ("cpu-0",)
@@ -48,3 +55,59 @@ def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> It
     )
     yield name
     control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def pdx_crd(control_plane: ControlPlane) -> str:
+    """pdx's CRD (crds/, what the chart's crds/ holds too), Established. `helm install` later
+    finds it there and leaves it, as Helm does with every CRD that exists."""
+    control_plane.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "disaggregatedinferences.yaml"))
+    control_plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s", timeout=90)
+    return CRD
+
+
+@pytest.fixture
+def cluster(control_plane: ControlPlane, pdx_crd: str, namespace: str) -> Iterator[Cluster]:
+    """The test's namespace as the admin sees it. Afterwards the namespace is deleted and its
+    pods waited for (the namespace controller's work, not the garbage collector's, which finds
+    a new CRD's owners only at its next discovery), so they free the p5en nodes' GPUs for the
+    next test and the user flow's 8-GPU engines."""
+    c = Cluster(control_plane, namespace)
+    yield c
+    # Nothing makes pods again (orphaned, the controllers' pods are nobody's), then the pods
+    # go at once: kwok removes a pod deleted with no grace as soon as it sees it.
+    for plural in ("statefulsets", "deployments", "replicasets"):
+        for obj in c.get(plural, api="apps/v1")["items"]:
+            with contextlib.suppress(ApiError):
+                c.kube.call("DELETE", f"{c.where('apps/v1')}/{plural}/{obj['metadata']['name']}",
+                            body={"propagationPolicy": "Orphan"})  # fmt: skip
+    for pod in c.get("pods")["items"]:
+        with contextlib.suppress(ApiError):
+            c.kube.call("DELETE", f"{c.where()}/pods/{pod['metadata']['name']}", body={"gracePeriodSeconds": 0})
+    control_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    wait_for(
+        f"the pods of {namespace} gone",
+        lambda: c.kube.list("v1", "Pod", namespace, {}) == [],
+        timeout=60,
+    )
+
+
+@pytest.fixture(scope="session")
+def operator_kubeconfig_audited(control_plane: ControlPlane) -> Path:
+    """The operator's identity in these tests: every verb (as a cluster's admin) and every
+    request in the audit log (``control_plane.audit(OPERATOR_USER)``)."""
+    return control_plane.audited_kubeconfig(OPERATOR_USER)
+
+
+@pytest.fixture
+def operator_kube(operator_kubeconfig_audited: Path) -> Kube:
+    return kube_for(operator_kubeconfig_audited)
+
+
+@pytest.fixture
+def in_process_operator(
+    operator_kubeconfig_audited: Path, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[InProcessOperator]:
+    op = InProcessOperator(operator_kubeconfig_audited, cluster.ns, monkeypatch)
+    yield op
+    op.stop()

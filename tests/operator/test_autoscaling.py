@@ -6,12 +6,10 @@ from typing import Any
 
 import kubernetes_validate
 
-from pdx.controller.kube import Kube
 from pdx.controller.reconcile import HANDOVER_MANAGER, replicas_handover
 from pdx.render import config_hash, render
 from pdx.resource import load
-from tests.operator.conftest import NS, ApiServer, cr_document, create_cr, live, writes
-from tests.operator.test_reconcile import run
+from tests.operator.conftest import NS, cr_document
 
 AUTO = {"minReplicas": 1, "maxReplicas": 4}
 
@@ -37,25 +35,6 @@ def test_turning_autoscaling_on_or_off_does_not_roll_the_engines() -> None:
     plain = load(cr_document())
     auto = load(cr_document(decode={"replicas": 2, "autoscaling": {**AUTO, "target": "500m"}}))
     assert config_hash(plain) == config_hash(auto)
-
-
-async def test_the_operator_never_writes_back_the_replicas_an_autoscaler_set(api: ApiServer, kube: Kube) -> None:
-    await create_cr(api, cr_document(decode={"replicas": 2, "autoscaling": AUTO}))
-    await run(kube)
-    assert live(api, "HorizontalPodAutoscaler", "demo-decode") is not None
-    # The HPA scales decode to 3 (through the scale subresource, a plain write).
-    resp = await api.patch(
-        f"/apis/apps/v1/namespaces/{NS}/statefulsets/demo-decode",
-        json={"spec": {"replicas": 3}},
-        headers={"Content-Type": "application/merge-patch+json"},
-    )
-    assert resp.status < 300
-    since = len(list(api))
-    out = await run(kube)
-    assert not [w for w in writes(api, since) if "statefulsets" in w], writes(api, since)
-    sts = live(api, "StatefulSet", "demo-decode")
-    assert sts is not None and sts["spec"]["replicas"] == 3
-    assert out.status == {} or out.status.get("decode", {}).get("desired", 3) == 3
 
 
 def _live_sts(owner: str, replicas: int = 2) -> dict[str, Any]:

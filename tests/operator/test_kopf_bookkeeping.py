@@ -5,25 +5,15 @@ more watch event for kopf to process."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from collections.abc import Callable
 from typing import Any, cast
 
-from pdx.spec import KIND
 from tests.operator.conftest import (
     ApiServer,
-    children,
     cr_document,
-    create_cr,
-    eventually,
-    live,
-    patch_cr,
-    request_count,
-    sts_hash,
     writes,
 )
-from tests.operator.test_reconcile import EXPECTED
 
 Start = Callable[..., Any]
 
@@ -31,25 +21,6 @@ Start = Callable[..., Any]
 def _cr_writes(api: ApiServer, since: int) -> list[str]:
     """Writes of the CR object itself (the status subresource has a path of its own)."""
     return [w for w in writes(api, since) if w.split("?")[0].endswith("/disaggregatedinferences/demo")]
-
-
-async def test_an_edit_is_handled_without_writing_to_the_cr(api: ApiServer, operator: Start) -> None:
-    await operator()
-    await create_cr(api, cr_document())
-    await eventually(lambda: set(children(api)) == EXPECTED, what="all children")
-    await asyncio.sleep(1.0)  # whatever kopf writes after the create
-    # kopf's writes of the CR so far (the status has a path of its own): none, not even a finalizer
-    assert _cr_writes(api, 0) == []
-    old = sts_hash(api, "prefill")
-    await patch_cr(api, "demo", {"spec": {"kvTransfer": {"decoderKvBlocksTtlSeconds": 1200}}})
-    since = request_count(api)
-    await eventually(lambda: old != sts_hash(api, "prefill") == sts_hash(api, "decode"), what="both rolled")
-    await asyncio.sleep(1.0)  # whatever kopf writes after its handler returned
-    assert _cr_writes(api, since) == []
-    body = live(api, KIND, "demo")
-    assert body is not None
-    assert not body["metadata"].get("finalizers")  # no daemon, so kopf blocks no deletion
-    assert not [a for a in body["metadata"].get("annotations") or {} if a.endswith("last-handled-configuration")]
 
 
 def test_the_in_memory_diffbase_builds_the_essence_kopf_builds() -> None:

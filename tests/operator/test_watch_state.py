@@ -62,18 +62,6 @@ async def _converged(api: ApiServer, operator: Start) -> Callable[[], Any]:
     return stop
 
 
-async def test_idle_timer_passes_send_no_request(
-    api: ApiServer, operator: Start, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from pdx.controller import handlers
-
-    monkeypatch.setattr(handlers, "AUDIT_SECONDS", 3600.0, raising=False)  # no audit in this window
-    await _converged(api, operator)
-    since = request_count(api)
-    await asyncio.sleep(1.6)  # three timer ticks (0.5 s) with nothing changed
-    assert [f"{r.method} {r.url}" for r in list(api)[since:]] == []
-
-
 async def test_restart_rebuilds_state_from_watches_before_acting(
     api: ApiServer, operator: Start, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -159,24 +147,6 @@ def test_own_writes_stand_until_the_watch_catches_up() -> None:
     snap = state.read_from(index, NS, "demo")
     assert snap is not None and snap.children[("Service", "demo-a")]["metadata"]["uid"] == "new"
     assert state.deleted == {where: {}}
-
-
-async def test_watches_ask_the_server_for_the_operators_objects_only(api: ApiServer, operator: Start) -> None:
-    await operator()
-    wanted = {"pods": "app.kubernetes.io/name=pdx", "configmaps": "app.kubernetes.io/managed-by=pdx-operator,"}
-
-    def watched() -> dict[str, str]:
-        return {
-            r.url.path.rsplit("/", 1)[-1]: r.params.get("labelSelector", "")
-            for r in list(api)
-            if r.params.get("watch") == "true"
-        }
-
-    await eventually(lambda: wanted.keys() <= watched().keys(), what="watches of pods and configmaps")
-    assert watched()["pods"] == wanted["pods"]
-    assert watched()["configmaps"].startswith(wanted["configmaps"])
-    cr_queries = {k for r in list(api) if r.url.path.endswith("/disaggregatedinferences") for k in r.params}
-    assert "labelSelector" not in cr_queries  # every CR is the operator's
 
 
 async def test_the_echoes_of_a_pass_trigger_no_second_pass(

@@ -51,6 +51,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 __all__ = [
+    "AUDITED_GROUP",
     "BUILD_SCRIPT",
     "GPU_TAINT",
     "KWOK_ANNOTATION",
@@ -78,6 +79,15 @@ CERT_DAYS = 30
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 # The taint GPU nodes carry; pdx's renderer tolerates key nvidia.com/gpu, Exists, NoSchedule.
 GPU_TAINT: dict[str, str] = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+# The API server's audit log records the requests of identities in this group, and nobody
+# else's (``audited_kubeconfig``, ``audit``): how a test counts what a client sent.
+AUDITED_GROUP = "pdx:audited"
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],  # one event per request (a watch adds ResponseStarted)
+    "rules": [{"level": "Metadata", "userGroups": [AUDITED_GROUP]}, {"level": "None"}],
+}
 # Components in start order; stop() goes the other way.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
@@ -409,6 +419,37 @@ class ControlPlane:
         stem = "user-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in user)
         return self._cert_kubeconfig(stem, user, groups)
 
+    def audited_kubeconfig(self, user: str) -> Path:
+        """``user`` in ``system:masters`` whose requests the audit log records (``audit``)."""
+        return self.user_kubeconfig(user, ["system:masters", AUDITED_GROUP])
+
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "logs" / "audit.log"
+
+    def audit_mark(self) -> int:
+        """Where the audit log ends now: ``audit(since=...)`` reads what comes after."""
+        return self.audit_log.stat().st_size if self.audit_log.exists() else 0
+
+    def audit(self, user: str, since: int = 0) -> list[dict[str, Any]]:
+        """The audit events of ``user``'s requests (from ``audited_kubeconfig``) logged after
+        ``since``, one per request: its ``verb``, ``requestURI``, ``objectRef`` and code."""
+        if not self.audit_log.exists():
+            return []
+        with self.audit_log.open("rb") as log:
+            log.seek(since)
+            lines = log.read().splitlines()
+        events = [json.loads(line) for line in lines if line.strip()]
+        mine = [e for e in events if e.get("user", {}).get("username") == user]
+        # A watch logs ResponseStarted and, once it ends, ResponseComplete: count it once.
+        seen: set[str] = set()
+        out = []
+        for event in mine:
+            if event["auditID"] not in seen:
+                seen.add(event["auditID"])
+                out.append(event)
+        return out
+
     def service_account_kubeconfig(self, namespace: str, name: str, seconds: int = 3600) -> Path:
         """A kubeconfig with a bound token of ServiceAccount ``namespace/name`` (TokenRequest API)."""
         token = self.kubectl(
@@ -553,6 +594,9 @@ class ControlPlane:
         sa_key, sa_pub = _service_account_keys(pki.where)
         (self.workdir / "kubeconfig").mkdir()
         self._cert_kubeconfig("admin", "pdx-admin", ["system:masters"])
+        audit_policy = self.workdir / "audit-policy.json"
+        audit_policy.write_text(json.dumps(AUDIT_POLICY))
+        self.audit_log.parent.mkdir(parents=True, exist_ok=True)
         kcm = self._cert_kubeconfig("kube-controller-manager", "system:kube-controller-manager")
         scheduler = self._cert_kubeconfig("kube-scheduler", "system:kube-scheduler")
         kwok = self._cert_kubeconfig("kwok", "kwok-controller")
@@ -591,6 +635,10 @@ class ControlPlane:
             "--service-account-signing-key-file", str(sa_key),
             "--service-cluster-ip-range", SERVICE_CIDR,
             "--authorization-mode", "Node,RBAC",
+            "--audit-policy-file", str(audit_policy),
+            "--audit-log-path", str(self.audit_log),
+            "--audit-log-format", "json",
+            "--audit-log-mode", "blocking",
             "--allow-privileged=true",
             "--profiling=false",
         ])  # fmt: skip
