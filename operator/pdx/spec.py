@@ -566,10 +566,10 @@ class DisaggregatedInferenceSpec(_Spec):
         role = self.role(name)
         if role.resources.efa_devices is not None:
             return role.resources.efa_devices
-        node_gpus, node_efa = self.placement.gpus, self.placement.efa_devices
-        if node_gpus == 0 or node_efa == 0:
+        node_gpus, node_efa, gpus = self.placement.gpus, self.placement.efa_devices, self.gpus(name)
+        if node_gpus == 0 or node_efa == 0 or gpus == 0:  # an engine without GPUs moves no KV over EFA
             return 0
-        return max(1, node_efa * self.gpus(name) // node_gpus)
+        return max(1, node_efa * gpus // node_gpus)
 
     @property
     def backends(self) -> list[str]:

@@ -113,6 +113,18 @@ def test_seed_setup_gets_efa_devices_gpus_and_libfabric_environment() -> None:
     assert "--enable-prefix-caching" in decode["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
+def test_an_engine_without_gpus_on_an_efa_node_asks_for_no_efa_device_nor_hugepages() -> None:
+    # The API server refuses hugepages without a cpu or memory request ("HugePages require cpu
+    # or memory"), and an engine without GPUs has neither unless given: it would never apply.
+    t = target(spec__prefill__resources={"gpus": 0})
+    limits = by_kind(render(t), "StatefulSet")["qwen3-32b-prefill"]["spec"]["template"]["spec"]["containers"][0][
+        "resources"
+    ].get("limits", {})
+    assert "hugepages-2Mi" not in limits and "vpc.amazonaws.com/efa" not in limits
+    decode = by_kind(render(t), "StatefulSet")["qwen3-32b-decode"]["spec"]["template"]["spec"]["containers"][0]
+    assert "hugepages-2Mi" in decode["resources"]["limits"]  # decode, on its GPUs, still uses EFA
+
+
 def test_tp4_engines_take_half_a_node() -> None:
     t = target(ROOT / "examples" / "qwen3-32b-2p2d.yaml")
     limits = by_kind(render(t), "StatefulSet")["qwen3-32b-2p2d-decode"]["spec"]["template"]["spec"]["containers"][0][

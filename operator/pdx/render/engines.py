@@ -174,7 +174,7 @@ def engine_resources(target: Target, role: Role) -> dict[str, Any]:
     if efa:
         limits["vpc.amazonaws.com/efa"] = str(efa)
     hugepages = spec.placement.hugepages2_mi or spec.placement.profile.hugepages_2mi
-    if hugepages and spec.uses_efa:
+    if hugepages and spec.uses_efa and efa:  # libfabric's buffers, for the pods that use EFA
         limits["hugepages-2Mi"] = hugepages
     profile = spec.placement.profile
     share = gpus / node_gpus if node_gpus and gpus else None
