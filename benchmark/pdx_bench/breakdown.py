@@ -14,6 +14,15 @@ Engine figures are means per observation (`_sum / _count` of the difference betw
 scrapes). With one client they cover the follow-up turns alone (scraped around each request),
 as the TTFT table does; otherwise the whole group ("all turns"), and the router's figures
 beside them then cover all turns too, so the subtraction stays within one set of requests.
+
+Every figure of a row comes from one population. A turn prefilled on decode (`local`) has no
+prefill hop (the router reports 0 ms) and prefill's engine never sees it, so turns that took
+the two paths get a row each: `prefill` (a D->P read or a recompute through prefill) and
+`local`. Under load, the first turns (through prefill) and decode-local follow-ups once shared
+an `all turns` row: its prefill hop averaged 0s of local turns against prefill's engine TTFT of
+the first turns alone, and API+HTTP came out at -3,335 ms (issue 43). With one client the
+engines' windows are summed per path; with group windows, a role whose window mixes both paths
+(decode, serving every turn) is left blank in both rows rather than read against either.
 """
 
 from __future__ import annotations
@@ -24,11 +33,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .enginemetrics import POST_TIME, PREFILL_TIME, QUEUE_TIME, TTFT, XFER_TIME, GroupEngines, Histograms, Snapshot
-from .records import RequestRecord
+from .records import RequestRecord, path_of
 from .report import percentile
 
 FOLLOWUPS = "turns >= 2"
 ALL_TURNS = "all turns"
+PATHS = ("prefill", "local")  # through prefill (hit, recompute, released...); prefilled on decode
 ON_LEGS = ("on", "run", "")
 BOUND = "bound"
 
@@ -82,6 +92,19 @@ def window(engines: GroupEngines | None, scope: str) -> Snapshot:
     return engines.all_turns
 
 
+def path_window(engines: GroupEngines | None, scope: str, path: str, paths: set[str]) -> Snapshot:
+    """The engines' differences over the turns of one path in `scope` (`paths`: the paths its turns
+    took). One path: the scope's window. Two: the follow-ups' per-path sums when scraped per
+    request; else prefill's window is the prefill path's (prefill never sees a local turn) and
+    decode's, which mixes both, is blank."""
+    whole = window(engines, scope)
+    if len(paths) <= 1 or not whole:
+        return whole
+    if scope == FOLLOWUPS and engines is not None and engines.followups_by_path is not None:
+        return engines.followups_by_path.get(path, {})
+    return {"prefill": whole.get("prefill")} if path == "prefill" else {}
+
+
 def in_scope(records: Sequence[RequestRecord], scope: str) -> list[RequestRecord]:
     return [r for r in records if scope == ALL_TURNS or r.turn >= 2]
 
@@ -116,6 +139,7 @@ class Breakdown:
     bound_p50: float | None = None
     bound_mean: float | None = None
     bound_decode: dict[str, Figure] | None = None  # decode's own figures while it served the bound
+    path: str = "prefill"  # the turns of this row: through prefill, or `local` (prefilled on decode)
 
     @property
     def prefill_api_ms(self) -> float | None:
@@ -143,6 +167,7 @@ class Breakdown:
         return {
             "length": self.length,
             "scope": self.scope,
+            "path": self.path,
             "n": self.n,
             "ttft_p50_ms": self.ttft_p50,
             "ttft_mean_ms": self.ttft_mean,
@@ -163,41 +188,60 @@ class Breakdown:
         }
 
 
+def turn_key(r: RequestRecord) -> tuple[int, int | None, str, int]:
+    """What pairs a turn with the same turn of another leg (the bound's): point, conversation
+    index (ids end in `-c<index>`), turn."""
+    return (r.prefix_tokens, r.suffix_tokens, r.conversation_id.rsplit("-c", 1)[-1], r.turn)
+
+
 def breakdown(
     length: int,
     on_records: Sequence[RequestRecord],
     on_engines: GroupEngines | None,
     bound_records: Sequence[RequestRecord] = (),
     bound_engines: GroupEngines | None = None,
+    path: str | None = None,
 ) -> Breakdown:
-    """One length: the ON leg's records and engine differences, and the bound's, if measured."""
+    """One length (and one path: `prefill`, `local`; None: the path all its turns took): the ON
+    leg's records and engine differences, and the bound's, if measured. With a path, the bound's
+    turns are those paired with this path's turns (same conversation index and turn)."""
     scope = scope_of(on_engines)
-    recs = in_scope(on_records, scope)
+    everything = in_scope(on_records, scope)
+    paths = {path_of(r.reuse) for r in everything}
+    if path is None:
+        path = next(iter(paths)) if len(paths) == 1 else "prefill"
+    recs = [r for r in everything if path_of(r.reuse) == path] if len(paths) > 1 else everything
     ttft = [r.ttft_ms for r in recs]
     hops = [r for r in recs if r.prefill_ms is not None]
-    engines = window(on_engines, scope)
+    engines = path_window(on_engines, scope, path, paths)
     bound = in_scope(bound_records, scope)
+    if len(paths) > 1:
+        mine = {turn_key(r) for r in recs}
+        bound = [r for r in bound if turn_key(r) in mine]
     bound_ttft = [r.ttft_ms for r in bound]
-    measured = bound_engines is not None
+    measured = bound_engines is not None and len(paths) <= 1  # the bound's window is not split by path
+    local = path == "local"  # no prefill hop: the router reports 0 ms and prefill never sees the turn
     return Breakdown(
         length=length,
         scope=scope,
         n=len(recs),
         ttft_p50=percentile(ttft, 50) if ttft else None,
         ttft_mean=_mean(ttft),
-        prefill_hop=_mean([r.prefill_ms for r in hops if r.prefill_ms is not None]),
+        prefill_hop=None if local else _mean([r.prefill_ms for r in hops if r.prefill_ms is not None]),
         decode_hop=_mean([r.ttft_ms - r.prefill_ms for r in hops if r.prefill_ms is not None]),
-        prefill=role_figures(engines.get("prefill")),
+        prefill=role_figures(None if local else engines.get("prefill")),
         decode=role_figures(engines.get("decode")),
         bound_n=len(bound),
         bound_p50=percentile(bound_ttft, 50) if bound_ttft else None,
         bound_mean=_mean(bound_ttft),
         bound_decode=role_figures(window(bound_engines, scope).get("decode")) if measured else None,
+        path=path,
     )
 
 
 def breakdowns(records: Sequence[RequestRecord], engines: Mapping[str, Mapping[int, GroupEngines]]) -> list[Breakdown]:
-    """Every length of the ON leg (`on`, or `run` for --url); `engines` is per leg, per length."""
+    """Every length of the ON leg (`on`, or `run` for --url), a row per path its turns took;
+    `engines` is per leg, per length."""
     on = [r for r in records if r.leg in ON_LEGS]
     legs = {r.leg for r in on}
     on_engines: dict[int, GroupEngines] = {}
@@ -206,15 +250,20 @@ def breakdowns(records: Sequence[RequestRecord], engines: Mapping[str, Mapping[i
     bound = [r for r in records if r.leg == BOUND]
     out = []
     for length in sorted({r.prefix_tokens for r in on}):
-        out.append(
-            breakdown(
-                length,
-                [r for r in on if r.prefix_tokens == length],
-                on_engines.get(length),
-                [r for r in bound if r.prefix_tokens == length],
-                engines.get(BOUND, {}).get(length),
+        mine = [r for r in on if r.prefix_tokens == length]
+        paths = {path_of(r.reuse) for r in in_scope(mine, scope_of(on_engines.get(length)))}
+        chosen: list[str | None] = [p for p in PATHS if p in paths]
+        for path in chosen or [None]:
+            out.append(
+                breakdown(
+                    length,
+                    mine,
+                    on_engines.get(length),
+                    [r for r in bound if r.prefix_tokens == length],
+                    engines.get(BOUND, {}).get(length),
+                    path=path,
+                )
             )
-        )
     return out
 
 
@@ -230,7 +279,7 @@ def _x(v: float | None) -> str:
 
 
 BREAKDOWN_HEADERS = (
-    "prefix", "scope", "n", "TTFT p50", "TTFT mean",
+    "prefix", "scope", "path", "n", "TTFT p50", "TTFT mean",
     "prefill hop", "P engine TTFT", "P queue", "P prefill", "D->P xfer", "D->P post", "P API+HTTP",
     "decode hop", "D engine TTFT", "P->D xfer", "D API+HTTP",
     "bound p50", "bound D engine TTFT", "ON/bound",
@@ -243,7 +292,7 @@ def breakdown_rows(rows: Sequence[Breakdown]) -> list[tuple[str, ...]]:
         p, d = b.prefill, b.decode
         out.append(
             (
-                str(b.length), b.scope, str(b.n), _ms(b.ttft_p50), _ms(b.ttft_mean),
+                str(b.length), b.scope, b.path, str(b.n), _ms(b.ttft_p50), _ms(b.ttft_mean),
                 _ms(b.prefill_hop), _ms(p["ttft"].mean_ms), _ms(p["queue"].mean_ms), _ms(p["prefill"].mean_ms),
                 _ms(p["xfer"].mean_ms), _ms(p["post"].mean_ms), _ms(b.prefill_api_ms),
                 _ms(b.decode_hop), _ms(d["ttft"].mean_ms), _ms(d["xfer"].mean_ms), _ms(b.decode_api_ms),

@@ -14,7 +14,7 @@ import yaml
 
 from pdx.resource import manifest_documents
 
-from . import decodelocal, prefixcache
+from . import agentic, decodelocal, prefixcache
 from .background import BackgroundSpec, write_streams
 from .breakdown import (
     BREAKDOWN_HEADERS,
@@ -38,6 +38,7 @@ from .sweep import (
     Endpoints,
     Leg,
     LegArg,
+    LegResult,
     LocalTarget,
     SweepConfig,
     Target,
@@ -48,7 +49,7 @@ from .sweep import (
     total_requests,
     with_changes,
 )
-from .workload import HFTokenizerCounter, TokenCounter, WordCounter, WorkloadSpec
+from .workload import HFTokenizerCounter, SuffixMix, TokenCounter, WordCounter, WorkloadSpec
 
 DEFAULT_FILE = "examples/local-cpu.yaml"
 
@@ -173,6 +174,13 @@ def add_parser(sub: Any) -> None:
         "--user-tokens, after a tool result of the rest); default: --user-tokens + --tool-tokens",
     )
     p.add_argument(
+        "--suffix-mix",
+        metavar="agentic|LO-HI:W,...",
+        help="each follow-up turn's new tokens drawn from a distribution (seeded; the same for OFF, ON and the "
+        "bound): `agentic` (100-512 55%%, 512-1024 20%%, 1024-4096 15%%, 4096-8192 10%%) or buckets LO-HI:WEIGHT, "
+        "log-uniform within each; the report gives outcomes and ON/bound per bucket (not with --suffix-tokens)",
+    )
+    p.add_argument(
         "--live",
         type=_ints,
         default=[],
@@ -223,9 +231,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--image", help="--in-cluster: image with pdx installed")
     p.add_argument("--results-claim", help="--in-cluster: PersistentVolumeClaim to keep results in")
     p.set_defaults(run=main)
-    reports = p.add_subparsers(
-        title="reports on a finished run", metavar="{report-decode-local,report-prefix-cache}"
-    )
+    reports = p.add_subparsers(title="reports on a finished run", metavar="{report-decode-local,report-prefix-cache}")
     r = reports.add_parser(
         "report-decode-local",
         help="decode-local against D->P per history length and suffix, and the default threshold they support",
@@ -249,6 +255,35 @@ def add_parser(sub: Any) -> None:
     r.add_argument("run_dirs", type=Path, nargs="+", metavar="DIR", help="runs' --out, each with its summary.json")
     r.add_argument("--out", type=Path, required=True, help="where prefix-cache.md, .json and the plot go")
     r.set_defaults(run=report_prefix_cache)
+    from . import wave
+
+    r = reports.add_parser(
+        "wave",
+        help="every figure of the GPU wave in one run on as few engine starts as they allow (scripts/gpu-wave.sh)",
+        description=wave.__doc__,
+    )
+    r.add_argument("out", type=Path, metavar="OUT", help="where each part's results and .tgz go")
+    r.add_argument("-f", "--file", type=Path, required=True, help="the DisaggregatedInference to run")
+    r.add_argument(
+        "--profile", choices=("gpu", "cpu"), default="gpu", help="the parts' sizes (cpu: tiny, to try the flow)"
+    )
+    r.add_argument("--parts", help=f"a subset, in the plan's order ({','.join((*wave.PART_NAMES, wave.CORRECT))})")
+    r.add_argument(
+        "--budget-s", type=float, help=f"seconds for the wave and correct (default {wave.MACHINE_S - wave.OUTSIDE_S})"
+    )
+    r.add_argument(
+        "--decode-blocks",
+        type=int,
+        default=796,
+        help="decode's KV blocks (--num-gpu-blocks-override; 796 x 128 tokens: the H100's 101,888), so an H200 or "
+        "a GPU of its own meets the same pressure; 0: the engine's own",
+    )
+    r.add_argument("--plan", action="store_true", help="print the plan (parts, legs, estimates) and exit: 0 if it fits")
+    r.add_argument("--state-dir", type=Path, help="the topology's state directory")
+    r.set_defaults(run=run_wave)
+    r = reports.add_parser("wave-report", help="OUT/report.md over a wave's parts, the sweep beside the seed's p5en")
+    r.add_argument("out", type=Path, metavar="OUT")
+    r.set_defaults(run=wave_report)
 
 
 def report_prefix_cache(args: argparse.Namespace) -> int:
@@ -265,6 +300,55 @@ def report_prefix_cache(args: argparse.Namespace) -> int:
         print(line)
     for key, path in prefixcache.write_report(runs, args.out).items():
         print(f"{key}: {path}")
+    return 0
+
+
+def run_wave(args: argparse.Namespace) -> int:
+    """`pdx bench wave OUT -f CR`: the plan, or the run (pdx_bench.wave)."""
+    from pdx.local.topology import cache_root
+
+    from . import wave
+
+    try:
+        parts = [p.strip() for p in args.parts.split(",") if p.strip()] if args.parts else None
+        plan = wave.plan(args.profile, parts, args.budget_s)
+    except ValueError as err:
+        print(f"pdx bench wave: {err}", file=sys.stderr)
+        return 2
+    fits = plan.estimate_s() <= plan.budget_s
+    if args.plan:
+        print(json.dumps(plan.to_json(), indent=2))
+        if not fits:
+            print(f"pdx bench wave: the plan needs {plan.estimate_s():.0f} s of {plan.budget_s:.0f}", file=sys.stderr)
+        return 0 if fits else 1
+    doc = wave.wave_document(_document(argparse.Namespace(file=args.file, local=True, cluster=False, url=None)) or {},
+                             args.decode_blocks or None)  # fmt: skip
+    limit = int(doc.get("spec", {}).get("model", {}).get("maxModelLen") or 0)
+    for part in plan.parts:
+        need = max_prompt_tokens(part.spec, list(part.lengths), list(part.suffixes))
+        if limit and need > limit:
+            print(f"pdx bench wave: {part.name} needs about {need} tokens, over maxModelLen {limit}", file=sys.stderr)
+            return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "plan.txt").write_text(
+        f"plan: {plan.profile}, {len(plan.parts)} parts, {plan.starts()} engine starts, about "
+        f"{plan.estimate_s():.0f} s of {plan.budget_s:.0f} (correct's {plan.reserve_s:.0f} s included); "
+        f"resource {args.file}, decode KV blocks {args.decode_blocks or 'its own'}\n"
+    )
+    (args.out / "wave-cr.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    name = doc.get("metadata", {}).get("name", "local")
+    state = args.state_dir or cache_root() / "local" / name
+    counter = _counter_for(argparse.Namespace(tokenizer=None))
+    return wave.run(plan, doc, args.out, counter, state_dir=args.state_dir, log_dirs=lambda: iter([state / "logs"]))
+
+
+def wave_report(args: argparse.Namespace) -> int:
+    from . import wavereport
+
+    if not args.out.is_dir():
+        print(f"pdx bench wave-report: no {args.out}", file=sys.stderr)
+        return 2
+    print(f"report: {wavereport.write(args.out)}")
     return 0
 
 
@@ -304,6 +388,7 @@ def _spec(args: argparse.Namespace) -> WorkloadSpec:
         seed=args.seed,
         fixed_output=not args.no_fixed_output,
         shared_prefix=not args.unique_prefix,
+        suffix_mix=SuffixMix.parse(args.suffix_mix) if args.suffix_mix else None,
     )
 
 
@@ -352,6 +437,8 @@ def _bench_args(args: argparse.Namespace) -> list[str]:
         out += ["--leg", f"{leg.name}:{fields}"]
     if args.suffix_tokens:
         out += ["--suffix-tokens", ",".join(map(str, args.suffix_tokens))]
+    if args.suffix_mix:
+        out += ["--suffix-mix", args.suffix_mix]
     if args.live:
         out += ["--live", ",".join(map(str, args.live))]
     if args.background_streams:
@@ -376,6 +463,10 @@ def _bench_args(args: argparse.Namespace) -> list[str]:
 
 
 BREAKDOWN_NOTE = (
+    "A row per path the turns took: `prefill` (through prefill: a D->P read, a recompute) and `local` "
+    "(prefilled on the decode that holds the conversation: no prefill hop), every figure of a row over that "
+    "row's turns; where the engines were scraped only around the group, a role whose window mixes both paths "
+    "is left blank. "
     "TTFT is the client's, through the router; prefill hop is the router's X-PDX-Prefill-Ms (D->P read "
     "included) and decode hop is TTFT - prefill hop. P/D engine TTFT, queue and prefill are the engines' own "
     "vLLM histograms (from arrival in the engine, after the API server tokenized the prompt); queue contains "
@@ -445,6 +536,9 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"pdx bench: {err}", file=sys.stderr)
         return 2
+    if args.suffix_mix and args.suffix_tokens:
+        print("pdx bench: --suffix-mix draws each turn's suffix; give it or --suffix-tokens, not both", file=sys.stderr)
+        return 2
     if args.sets and (args.url or args.cluster):
         print("pdx bench: --set edits the local resource; in a cluster, edit it there", file=sys.stderr)
         return 2
@@ -464,8 +558,7 @@ def main(args: argparse.Namespace) -> int:
         target = LocalTarget(doc, args.state_dir, fresh_engines=args.fresh_engines)
         legs = [*(args.legs or []), *args.named_legs] or [False, True]
         limit = doc.get("spec", {}).get("model", {}).get("maxModelLen")
-        longest = spec.with_prefix(max(args.lengths))
-        need = max(s.last_turn_tokens() for s in [longest.with_new_tokens(n) for n in args.suffix_tokens] or [longest])
+        need = max_prompt_tokens(spec, args.lengths, args.suffix_tokens)
         if limit and need > int(limit):
             print(f"pdx bench: the last turn needs about {need} tokens, over maxModelLen {limit}", file=sys.stderr)
             return 2
@@ -475,6 +568,15 @@ def main(args: argparse.Namespace) -> int:
         print("pdx bench: --prometheus local scrapes the local target only; give a URL otherwise", file=sys.stderr)
         return 2
     return _run(args, doc, target, spec, legs)
+
+
+def max_prompt_tokens(spec: WorkloadSpec, lengths: list[int], suffixes: list[int]) -> int:
+    """About the longest prompt a sweep sends (its last turns), to check against maxModelLen; a
+    suffix mix's draws differ per length, so every length is checked."""
+    if spec.suffix_mix is not None:
+        return max(spec.with_prefix(n).last_turn_tokens() for n in lengths)
+    longest = spec.with_prefix(max(lengths))
+    return max(s.last_turn_tokens() for s in [longest.with_new_tokens(n) for n in suffixes] or [longest])
 
 
 def _with_local_prometheus(
@@ -565,6 +667,27 @@ def execute(
         results = run_sweep(target, cfg, counter_for, progress, leg_start)
     finally:
         bar.close()
+    return write_outputs(
+        results, target, cfg, out, started, leg_started, prometheus=prometheus, instance=instance, topology=topology
+    )
+
+
+def write_outputs(
+    results: list[LegResult],
+    target: Any,
+    cfg: SweepConfig,
+    out: Path,
+    started: float,
+    leg_started: dict[str, float] | None = None,
+    prometheus: str | None = None,
+    instance: str | None = None,
+    topology: str | None = None,
+    extra_context: dict[str, str] | None = None,
+) -> int:
+    """Records, plots, report.md and summary.json of a sweep's legs, the tables printed; the exit
+    code (1: a request failed or none succeeded). `target`: what served them (its description, and
+    where it has them, each leg's start time, router-only legs, peak memory)."""
+    leg_started = leg_started or {}
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
     errors: list[dict[str, Any]] = []
@@ -586,7 +709,7 @@ def execute(
             + f" x {cfg.spec.turns} turns, "
             + (
                 f"user at most {cfg.spec.user_tokens} + tool the rest of each suffix, "
-                if cfg.suffixes
+                if cfg.suffixes or cfg.spec.suffix_mix is not None
                 else f"user {cfg.spec.user_tokens} + tool {cfg.spec.tool_tokens} tokens/turn, "
             )
             + f"{cfg.spec.output_tokens} output tokens, "
@@ -597,6 +720,9 @@ def execute(
     }
     if cfg.suffixes:
         context["suffixes"] = ",".join(map(str, cfg.suffixes)) + " new tokens per follow-up turn"
+    if cfg.spec.suffix_mix is not None:
+        context["suffix mix"] = cfg.spec.suffix_mix.describe()
+    context.update(extra_context or {})
     if cfg.live:
         context["live conversations"] = (
             ",".join(map(str, cfg.live)) + f" (a point each; think time {cfg.spec.think_time_s:g} s, "
@@ -667,6 +793,11 @@ def execute(
     )
     if per_point_shown:
         sections.insert(0, ("TTFT and background TPOT per leg and point", points_table(per_point)))
+    mix = cfg.spec.suffix_mix
+    buckets = agentic.bucket_rows(records, mix) if mix is not None else []
+    if mix is not None:
+        heading = "Agentic mix: outcomes and ON/bound per suffix bucket"
+        sections.insert(0, (heading, agentic.markdown_table(buckets, mix)))
     per_role = engine_rows(engines)
     if per_role:
         table = markdown(ENGINE_HEADERS, per_role)
@@ -694,6 +825,7 @@ def execute(
         "points": [point_json(p) for p in per_point],
         "capacity": {leg.leg: leg.capacity for leg in results if leg.capacity},
         "ttft_breakdown": [b.to_json() for b in where],
+        **({"agentic": agentic.to_json(buckets, mix)} if mix is not None else {}),
         "engines": engines_json(engines),
         "notes": notes,
     }
@@ -705,6 +837,9 @@ def execute(
     if per_point_shown:
         print("TTFT and background TPOT in ms per leg and point (turns >= 2):")
         print(plain(POINT_HEADERS, point_rows(per_point)))
+    if mix is not None:
+        print(f"Agentic mix, TTFT in ms per suffix bucket (turns >= 2; {mix.name}):")
+        print(plain(agentic.HEADERS, agentic.table_rows(buckets)))
     if where:
         print("Where ON's TTFT goes (ms; hops and engine figures are means):")
         print(plain(BREAKDOWN_HEADERS, breakdown_rows(where)))

@@ -17,7 +17,7 @@ import aiohttp
 import orjson
 
 from .enginemetrics import EngineScraper, Snapshot, accumulate, snapshot_delta, xfer_totals
-from .records import RequestRecord
+from .records import RequestRecord, path_of
 from .workload import Conversation, TokenCounter, WordCounter, Workload
 
 HDR_PREFILL = "X-PDX-Prefill-Ms"
@@ -190,6 +190,7 @@ def to_record(
         turn=turn,
         leg=leg,
         prefix_tokens=0,
+        suffix_tokens=conversation.turns[turn - 1].new_tokens,
         prefill_ms=reply.prefill_ms,
         reuse=reply.reuse,
         reused_tokens=reply.reused_tokens,
@@ -205,6 +206,8 @@ class RunResult:
     errors: list[dict[str, Any]] = field(default_factory=list)
     # With one client and a scraper: what the engines counted around follow-up turns (turn >= 2)
     followups: Snapshot | None = None
+    # the same per path: "local" (X-PDX-Reuse local: prefilled on decode), "prefill" (the others)
+    followups_by_path: dict[str, Snapshot] = field(default_factory=dict)
 
 
 class _Pacer:
@@ -303,6 +306,8 @@ async def run(
                     window = snapshot_delta(await scraper.snapshot(), before)
                     if turn > 1:
                         result.followups = accumulate(result.followups, window)
+                        path = path_of(reply.reuse)
+                        result.followups_by_path[path] = accumulate(result.followups_by_path.get(path), window)
                     hists = window.get(transfer_role) if transfer_role else None
                     if hists is not None:
                         xfer = xfer_totals(hists)

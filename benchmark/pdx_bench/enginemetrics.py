@@ -202,6 +202,9 @@ class GroupEngines:
 
     all_turns: Snapshot
     followups: Snapshot | None = None
+    # With one client: the follow-up windows summed per path, "prefill" (through prefill, a D->P
+    # read or a recompute) and "local" (prefilled on decode), so a row of one path reads only its own.
+    followups_by_path: dict[str, Snapshot] | None = None
 
 
 class EngineScraper:

@@ -79,7 +79,8 @@ class PointStats:
 
 
 def _key(r: RequestRecord) -> PointKey:
-    return (r.leg, r.prefix_tokens, r.suffix_tokens, r.live_conversations)
+    """A record's point; a suffix mix's turns (each its own suffix) are one point."""
+    return (r.leg, r.prefix_tokens, None if r.suffix_mix else r.suffix_tokens, r.live_conversations)
 
 
 def point_stats(
@@ -130,9 +131,7 @@ def point_stats(
                 live=live,
                 sources=token_sources((engines or {}).get(key), first),
                 ttft_p99=percentile(ttft, 99),
-                overcommit=overcommit(
-                    everything, (decode_capacity or {}).get(leg, ()), prefix if shared_prefix else 0
-                ),
+                overcommit=overcommit(everything, (decode_capacity or {}).get(leg, ()), prefix if shared_prefix else 0),
                 held=(held_by_point or {}).get(key),
             )
         )

@@ -64,6 +64,8 @@ class RequestRecord:
     leg: str = ""  # "off", "on", or "" for a single run
     prefix_tokens: int = 0  # the sweep point this request belongs to
     suffix_tokens: int | None = None  # and its follow-up turns' new tokens (--suffix-tokens; None: not swept)
+    # --suffix-mix: the mix's name; suffix_tokens is then this turn's own draw (None on first turns)
+    suffix_mix: str | None = None
     live_conversations: int | None = None  # and how many conversations were live at once (--live; None: not swept)
     prefill_ms: float | None = None  # X-PDX-Prefill-Ms: the router's prefill hop, KV read included
     reuse: str | None = None  # X-PDX-Reuse
@@ -91,6 +93,11 @@ class RequestRecord:
         if self.prefill_ms is None:
             return None
         return max(0.0, self.prefill_ms - (self.kv_transfer_ms or 0.0))
+
+
+def path_of(reuse: str | None) -> str:
+    """The way a turn went: prefilled on decode (`local`) or through prefill (every other outcome)."""
+    return "local" if reuse == "local" else "prefill"
 
 
 def write_records(path: Path, records: Iterable[RequestRecord]) -> Path:

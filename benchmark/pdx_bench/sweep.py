@@ -414,6 +414,12 @@ class SweepConfig:
     # Conversations live at once: each value a point at every length and suffix, that many
     # conversations each on its own client, interleaved by the think time; empty: the spec's own.
     live: list[int] = field(default_factory=list)
+    # Each follow-up turn's new tokens drawn from a distribution (`spec.suffix_mix`); records carry
+    # their own draw in suffix_tokens and the mix's name in suffix_mix.
+
+    def __post_init__(self) -> None:
+        if self.suffixes and self.spec.suffix_mix is not None:
+            raise ValueError("a suffix mix draws each turn's suffix: give it or suffix points, not both")
 
     def points(self) -> list[Point]:
         """(prefix length, suffix, live conversations) of each group a leg runs, in order."""
@@ -508,7 +514,11 @@ async def _group(
         on_done=progress,
         timeout_s=cfg.timeout_s,
     )
-    engines = GroupEngines(all_turns=snapshot_delta(await scraper.snapshot(), before), followups=res.followups)
+    engines = GroupEngines(
+        all_turns=snapshot_delta(await scraper.snapshot(), before),
+        followups=res.followups,
+        followups_by_path=dict(res.followups_by_path) if res.followups is not None else None,
+    )
     prefill = engines.all_turns.get("prefill")
     if prefill is not None and not bound:
         xfer = xfer_totals(prefill)
@@ -552,7 +562,15 @@ def _pooled(a: GroupEngines | None, b: GroupEngines) -> GroupEngines:
     if a is None:
         return b
     followups = accumulate(a.followups, b.followups) if a.followups is not None and b.followups is not None else None
-    return GroupEngines(all_turns=accumulate(a.all_turns, b.all_turns), followups=followups)
+    by_path = None
+    if a.followups_by_path is not None and b.followups_by_path is not None:
+        by_path = {
+            path: accumulate(a.followups_by_path.get(path), b.followups_by_path[path])
+            if path in b.followups_by_path
+            else a.followups_by_path[path]
+            for path in {*a.followups_by_path, *b.followups_by_path}
+        }
+    return GroupEngines(all_turns=accumulate(a.all_turns, b.all_turns), followups=followups, followups_by_path=by_path)
 
 
 def point_spec(cfg: SweepConfig, point: Point) -> WorkloadSpec:
@@ -620,6 +638,7 @@ async def run_leg(
                 main.notes.append(f"background: not every stream decoded before the {name} leg's first turn")
         if scraper.enabled:
             main.capacity = {role: await scraper.capacity(role) for role in sorted(ep.engine_urls)}
+        mix = cfg.spec.suffix_mix.name if cfg.spec.suffix_mix is not None else None
         try:
             for point in cfg.points():
                 spec = point_spec(cfg, point)
@@ -637,7 +656,7 @@ async def run_leg(
                     main.held[point] = after.since(before)
                 main.engines[length] = _pooled(main.engines.get(length), engines)
                 main.points[point] = engines
-                main.records += _at_point(res.records, point)
+                main.records += _at_point(res.records, point, mix)
                 main.errors += [{**e, **_point_fields(point), "leg": name} for e in res.errors]
                 if bound is not None and plan.url is not None and plan.model is not None:
                     bound_spec = replace(spec, text_salt=BOUND_SALT + point.salt)
@@ -647,7 +666,7 @@ async def run_leg(
                     )
                     bound.engines[length] = _pooled(bound.engines.get(length), engines)
                     bound.points[point] = engines
-                    bound.records += _at_point(res.records, point)
+                    bound.records += _at_point(res.records, point, mix)
                     bound.errors += [{**e, **_point_fields(point), "leg": BOUND} for e in res.errors]
                 elif name in BOUND_LEGS and cfg.bound and progress is not None:
                     for _ in range(spec.turns * spec.conversations):  # the bar still reaches its total
@@ -670,9 +689,12 @@ def background_notes(leg: str, records: Sequence[StreamRecord]) -> list[str]:
     return [f"background: {len(failed)} of the {leg} leg's {len(records)} stream requests failed: {failed[0].error}"]
 
 
-def _at_point(records: list[RequestRecord], point: Point) -> list[RequestRecord]:
+def _at_point(records: list[RequestRecord], point: Point, mix: str | None = None) -> list[RequestRecord]:
+    """The point's fields on its records; under a suffix mix each keeps its own turn's suffix."""
     for rec in records:
-        rec.suffix_tokens = point.suffix
+        if mix is None:
+            rec.suffix_tokens = point.suffix
+        rec.suffix_mix = mix
         rec.live_conversations = point.live
     return records
 

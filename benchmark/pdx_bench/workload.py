@@ -15,6 +15,7 @@ the workload, never the numbers reported.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -81,6 +82,105 @@ class HFTokenizerCounter:
 
 
 @dataclass(frozen=True)
+class SuffixBucket:
+    """Follow-up turns of `low` up to `high` new tokens (log-uniform between), drawn with
+    probability `weight` (the weights of a mix are normalized)."""
+
+    low: int
+    high: int
+    weight: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.low}-{self.high}"
+
+
+@dataclass(frozen=True)
+class SuffixMix:
+    """Each follow-up turn's new tokens drawn from a stated distribution: a bucket by weight, then
+    a size log-uniform within it. The draw depends only on the seed, the prefix length, the
+    conversation and the turn: OFF, ON and the bound send turns of the same sizes."""
+
+    name: str
+    buckets: tuple[SuffixBucket, ...]
+
+    def __post_init__(self) -> None:
+        if not self.buckets:
+            raise ValueError("a suffix mix needs at least one bucket")
+        for b in self.buckets:
+            if not 1 <= b.low < b.high or b.weight <= 0:
+                raise ValueError(f"suffix bucket {b.label}:{b.weight:g}: expected 1 <= LO < HI and a weight > 0")
+        for a, b in zip(self.buckets, self.buckets[1:], strict=False):
+            if b.low < a.high:
+                raise ValueError(f"suffix buckets {a.label} and {b.label} overlap: list them in order, apart")
+
+    @classmethod
+    def parse(cls, text: str) -> SuffixMix:
+        """`agentic`, or `LO-HI:WEIGHT,LO-HI:WEIGHT,...` (tokens; weights need not sum to 1)."""
+        if text.strip() in NAMED_MIXES:
+            return NAMED_MIXES[text.strip()]
+        buckets = []
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            rng, colon, weight = part.partition(":")
+            low, dash, high = rng.partition("-")
+            try:
+                if not (colon and dash):
+                    raise ValueError
+                buckets.append(SuffixBucket(int(low), int(high), float(weight)))
+            except ValueError:
+                raise ValueError(
+                    f"suffix mix: expected {'|'.join(NAMED_MIXES)} or LO-HI:WEIGHT,..., got {part!r}"
+                ) from None
+        return cls(text.strip(), tuple(buckets))
+
+    def draw(self, rng: random.Random) -> int:
+        total = sum(b.weight for b in self.buckets)
+        pick, bucket = rng.random() * total, self.buckets[-1]
+        for b in self.buckets:
+            if pick < b.weight:
+                bucket = b
+                break
+            pick -= b.weight
+        size = math.exp(rng.uniform(math.log(bucket.low), math.log(bucket.high)))
+        return min(bucket.high - 1, max(bucket.low, int(size)))
+
+    def bucket_of(self, tokens: int) -> SuffixBucket | None:
+        """The bucket a size was drawn from (low inclusive, high exclusive)."""
+        return next((b for b in self.buckets if b.low <= tokens < b.high), None)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.buckets[-1].high - 1
+
+    def describe(self) -> str:
+        """e.g. `100-512 tokens 55%, 512-1024 20%, ...` (log-uniform within each)."""
+        total = sum(b.weight for b in self.buckets)
+        parts = [f"{b.label} {100 * b.weight / total:.0f}%" for b in self.buckets]
+        return f"{self.name}: " + ", ".join(parts) + " (tokens per follow-up turn, log-uniform within a bucket)"
+
+
+# An agent's follow-up turns: mostly short (an instruction, a short tool output, below the GPU
+# default decodeLocalMaxTokens of 1024), a long tail of tool results (a file, a retrieved
+# document, test output) of thousands of tokens that take the D->P read.
+AGENTIC = SuffixMix(
+    "agentic",
+    (
+        SuffixBucket(100, 512, 0.55),
+        SuffixBucket(512, 1024, 0.20),
+        SuffixBucket(1024, 4096, 0.15),
+        SuffixBucket(4096, 8192, 0.10),
+    ),
+)
+NAMED_MIXES = {"agentic": AGENTIC}
+
+
+def turn_suffixes(seed: int, prefix_tokens: int, conversation: int, turns: int, mix: SuffixMix) -> list[int]:
+    """The new tokens of turns 2..`turns` of one conversation under a mix (deterministic)."""
+    rng = random.Random(f"{seed}:suffix:{mix.name}:{prefix_tokens}:{conversation}")
+    return [mix.draw(rng) for _ in range(turns - 1)]
+
+
+@dataclass(frozen=True)
 class WorkloadSpec:
     """The knobs of one workload; `prefix_tokens` is what a sweep varies."""
 
@@ -101,6 +201,9 @@ class WorkloadSpec:
     # Other texts of the same sizes: a leg on an engine that may still cache another leg's
     # prompts (the bound, on the ON leg's decode) must not find its own suffix there.
     text_salt: str = ""
+    # Each follow-up turn's new tokens drawn from this distribution (the instruction, at most
+    # user_tokens and half, after a tool result of the rest); None: user_tokens + tool_tokens.
+    suffix_mix: SuffixMix | None = None
 
     def __post_init__(self) -> None:
         for name in ("prefix_tokens", "user_tokens", "tool_tokens", "output_tokens"):
@@ -130,7 +233,15 @@ class WorkloadSpec:
         return replace(self, conversations=conversations, concurrency=conversations, stagger_s=stagger)
 
     def last_turn_tokens(self, template_overhead: int = 16) -> int:
-        """Estimated prompt size of the last turn, to check against max-model-len up front."""
+        """Estimated prompt size of the last turn, to check against max-model-len up front (under
+        a suffix mix, of the conversation whose drawn suffixes add up to most)."""
+        if self.suffix_mix is not None:
+            drawn = max(
+                sum(turn_suffixes(self.seed, self.prefix_tokens, c, self.turns, self.suffix_mix))
+                for c in range(self.conversations)
+            )
+            per_turn = self.output_tokens + 2 * template_overhead
+            return self.prefix_tokens + min(self.user_tokens, 64) + drawn + self.turns * per_turn + template_overhead
         per_turn = self.user_tokens + self.output_tokens + template_overhead
         tools = (self.turns - 1) * self.tool_tokens
         return self.prefix_tokens + self.turns * per_turn + tools + template_overhead
@@ -143,6 +254,7 @@ class Turn:
     index: int
     content: str
     tokens: int  # by the workload's counter (words or the tokenizer), not the engine's
+    new_tokens: int | None = None  # under a suffix mix: the size drawn for this follow-up turn
 
 
 @dataclass(frozen=True)
@@ -226,16 +338,23 @@ def build(spec: WorkloadSpec, counter: TokenCounter | None = None, label: str = 
     for c in range(spec.conversations):
         conv_id = f"{label}-s{spec.seed}-p{spec.prefix_tokens}-c{c}"
         system = shared if spec.shared_prefix else _system_prompt(rng, spec.prefix_tokens, counter, c)
+        mix = spec.suffix_mix
+        drawn = turn_suffixes(spec.seed, spec.prefix_tokens, c, spec.turns, mix) if mix is not None else []
         turns: list[Turn] = []
         for t in range(1, spec.turns + 1):
-            ask = _text(rng, spec.user_tokens, counter, lead=f"Step {t} of task {c}:")
+            new = drawn[t - 2] if t > 1 and mix is not None else None
+            user, tool_tokens = spec.user_tokens, spec.tool_tokens
+            if new is not None:
+                user = min(spec.user_tokens, new // 2)
+                tool_tokens = new - user
+            ask = _text(rng, user, counter, lead=f"Step {t} of task {c}:")
             if t > 1:
                 tool = rng.choice(_TOOLS)
-                result = _text(rng, spec.tool_tokens, counter, lead=f"Result of {tool}:")
+                result = _text(rng, tool_tokens, counter, lead=f"Result of {tool}:")
                 content = f"{result}\n\n{ask}"
             else:
                 content = ask
-            turns.append(Turn(index=t, content=content, tokens=counter.count(content)))
+            turns.append(Turn(index=t, content=content, tokens=counter.count(content), new_tokens=new))
         if not spec.system_role:
             first = turns[0]
             merged = f"{system}\n\n{first.content}"

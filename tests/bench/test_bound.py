@@ -114,7 +114,7 @@ def test_the_cli_writes_the_bound_and_where_ons_ttft_goes(
     assert off["all turns"]["prefill"]["ttft"]["count"] == 6
     report = (out / "report.md").read_text()
     assert "## Where ON's TTFT goes (ms)" in report and "## Engine-side figures per role" in report
-    assert "| 200 | turns >= 2 | 4 |" in report and "10.0 (4)" in report
+    assert "| 200 | turns >= 2 | prefill | 4 |" in report and "10.0 (4)" in report
     assert (out / "ttft_vs_prompt_length.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -172,7 +172,7 @@ def test_report_rows_per_length_and_per_role() -> None:
     assert cells["TTFT p50"] == "120.0" and cells["P engine TTFT"] == "45.0" and cells["D->P xfer"] == "20.0"
     assert cells["D->P post"] == "-"  # not exported: blank
     assert cells["decode hop"] == "60.0" and cells["D API+HTTP"] == "30.0"
-    assert breakdown_rows(rows)[1][6] == "-"  # no engine figures for 4000
+    assert dict(zip(BREAKDOWN_HEADERS, breakdown_rows(rows)[1], strict=True))["P engine TTFT"] == "-"  # none for 4000
     per_role = engine_rows(engines)
     assert ("on", "1000", FOLLOWUPS, "decode", "30.0 (3)", "-", "-", "3.0 (3)", "-") in per_role
     assert ("off", "1000", FOLLOWUPS, "prefill", "300.0 (3)", "10.0 (3)", "-", "20.0 (3)", "-") in per_role
@@ -181,3 +181,62 @@ def test_report_rows_per_length_and_per_role() -> None:
     assert as_json[ALL_TURNS]["prefill"]["ttft"] == {"mean_ms": pytest.approx(45.0), "count": 3}
     j = rows[0].to_json()
     assert j["prefill_api_http_ms"] == pytest.approx(15.0) and j["bound"]["ttft_p50_ms"] is None
+
+
+def _split_group(n_prefill: int, n_local: int) -> GroupEngines:
+    """Per-request windows summed per path: prefill saw only the prefill path's turns (45 ms each);
+    decode served both, its engine TTFT 30 ms for a P->D turn and 12 ms for a local one."""
+    via: Snapshot = {
+        "prefill": {TTFT: Hist(0.045 * n_prefill, n_prefill)},
+        "decode": {TTFT: Hist(0.030 * n_prefill, n_prefill)},
+    }
+    local: Snapshot = {"prefill": {TTFT: Hist(0.0, 0)}, "decode": {TTFT: Hist(0.012 * n_local, n_local)}}
+    whole = accumulate(accumulate(None, via), local)
+    return GroupEngines(all_turns=whole, followups=whole, followups_by_path={"prefill": via, "local": local})
+
+
+def _mixed() -> list[RequestRecord]:
+    """Turn 1 through prefill; then two D->P turns (prefill hop 60 ms) and two local ones (the router
+    reports a 0 ms prefill hop for a turn prefilled on decode)."""
+    recs = [record("on", 1000, 1, 900.0, prefill=800.0, reuse="miss")]
+    recs += [record("on", 1000, t, 100.0, prefill=60.0, reuse="hit") for t in (2, 3)]
+    recs += [record("on", 1000, t, 20.0, prefill=0.0, reuse="local") for t in (4, 5)]
+    return recs
+
+
+def test_turns_of_the_two_paths_get_a_row_each_every_figure_from_that_rows_turns() -> None:
+    rows = breakdowns(_mixed(), {"on": {1000: _split_group(2, 2)}})
+    assert [(b.path, b.n) for b in rows] == [("prefill", 2), ("local", 2)]
+    via, local = rows
+    assert via.prefill_hop == pytest.approx(60.0) and via.prefill["ttft"].mean_ms == pytest.approx(45.0)
+    assert via.prefill_api_ms == pytest.approx(15.0)  # 60 - 45: the local turns' 0 ms hops stay out
+    assert via.decode_hop == pytest.approx(40.0) and via.decode_api_ms == pytest.approx(10.0)  # 40 - 30
+    assert local.prefill_hop is None and local.prefill["ttft"] == Figure(None, None)  # prefill never saw them
+    assert local.decode_hop == pytest.approx(20.0) and local.decode["ttft"].mean_ms == pytest.approx(12.0)
+    assert local.decode_api_ms == pytest.approx(8.0)
+    cells = dict(zip(BREAKDOWN_HEADERS, breakdown_rows(rows)[1], strict=True))
+    assert cells["path"] == "local" and cells["prefill hop"] == "-" and cells["P API+HTTP"] == "-"
+
+
+def test_an_all_turns_row_never_reads_one_populations_hop_against_anothers_engine() -> None:
+    """Issue 43: under load, first turns through prefill and decode-local follow-ups in one group
+    scrape printed P API+HTTP = -3,335 ms: the prefill hop averaged over every turn (0 for local
+    ones) against prefill's engine TTFT of the first turns alone."""
+    recs = [record("on", 16000, 1, 5000.0, prefill=4400.0, reuse="miss") for _ in range(4)]
+    recs += [record("on", 16000, t, 70.0, prefill=0.0, reuse="local") for t in (2, 3, 4) for _ in range(4)]
+    group: Snapshot = {"prefill": {TTFT: Hist(4.3 * 4, 4)}, "decode": {TTFT: Hist(0.5 * 16, 16)}}
+    rows = breakdowns(recs, {"on": {16000: GroupEngines(all_turns=group)}})
+    assert [(b.scope, b.path, b.n) for b in rows] == [(ALL_TURNS, "prefill", 4), (ALL_TURNS, "local", 12)]
+    via, local = rows
+    assert via.prefill_hop == pytest.approx(4400.0) and via.prefill_api_ms == pytest.approx(100.0)
+    # decode's window mixes both paths: blank in both rows rather than read against either
+    assert via.decode["ttft"] == Figure(None, None) and local.decode["ttft"] == Figure(None, None)
+    assert via.decode_api_ms is None and local.decode_api_ms is None
+    for b in rows:
+        assert b.prefill_api_ms is None or b.prefill_api_ms >= 0
+
+
+def test_the_bound_of_a_path_is_the_bound_of_that_paths_own_turns() -> None:
+    bound = [record("bound", 1000, t, 10.0 * t) for t in (1, 2, 3, 4, 5)]
+    rows = breakdowns([*_mixed(), *bound], {"on": {1000: _split_group(2, 2)}})
+    assert [(b.path, b.bound_n, b.bound_p50) for b in rows] == [("prefill", 2, 25.0), ("local", 2, 45.0)]

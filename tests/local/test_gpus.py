@@ -130,3 +130,36 @@ def test_local_plan_of_the_gpu_correctness_example_shares_one_gpu_on_its_own_mem
         assert line.count("--gpu-memory-utilization") == 1
         kv = json.loads(line.split("--kv-transfer-config ")[1].split("'")[1])
         assert kv["kv_buffer_device"] == "cuda" and kv["kv_connector_extra_config"]["bidirectional_kv_xfer"] is True
+
+
+def test_local_plan_on_two_gpus_gives_each_engine_a_gpu_of_its_own_and_vllms_own_sizing(tmp_path: Path) -> None:
+    """Issue 45: on a machine of 2 GPUs, local-gpu.yaml's prefill and decode each get a whole GPU, and no
+    memory flag of a shared one."""
+    smi = "0, 81559, NVIDIA H100 80GB HBM3\\n1, 81559, NVIDIA H100 80GB HBM3\\n"
+    out = _pdx_with_gpus(tmp_path, smi, "local", "plan", "-f", "examples/local-gpu.yaml")
+    assert out.returncode == 0, out.stderr
+    engines = {role: line for line in out.stdout.splitlines() if "pdx_engine.vllm_serve" in line
+               for role in ("prefill", "decode") if f"POD_NAME=local-gpu-{role}-0 " in line}  # fmt: skip
+    assert set(engines) == {"prefill", "decode"}
+    devices = {role: line.split("CUDA_VISIBLE_DEVICES=")[1].split()[0] for role, line in engines.items()}
+    assert sorted(devices.values()) == ["0", "1"]
+    for line in engines.values():
+        assert "--gpu-memory-utilization" not in line and "--kv-cache-memory-bytes" not in line
+        assert "--tensor-parallel-size 1" in line and "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y" in line
+
+
+def test_local_plan_of_the_tp2_example_on_four_gpus_gives_each_role_a_pair(tmp_path: Path) -> None:
+    """examples/local-gpu-tp2.yaml (scripts/gpu-wave.sh on 4 GPUs): TP 2 per role, two GPUs of its own each."""
+    smi = "".join(f"{i}, 143771, NVIDIA H200\\n" for i in range(4))
+    out = _pdx_with_gpus(tmp_path, smi, "local", "plan", "-f", "examples/local-gpu-tp2.yaml")
+    assert out.returncode == 0, out.stderr
+    engines = [line for line in out.stdout.splitlines() if "pdx_engine.vllm_serve" in line]
+    assert len(engines) == 2
+    devices = sorted(line.split("CUDA_VISIBLE_DEVICES=")[1].split()[0] for line in engines)
+    assert devices == ["0,1", "2,3"]
+    for line in engines:
+        assert "--tensor-parallel-size 2" in line and "--gpu-memory-utilization" not in line
+    (tmp_path / "two").mkdir()
+    short = _pdx_with_gpus(tmp_path / "two", "0, 143771, NVIDIA H200\\n1, 143771, NVIDIA H200\\n",
+                           "local", "plan", "-f", "examples/local-gpu-tp2.yaml")  # fmt: skip
+    assert short.returncode == 2 and "ask for 4 GPUs and this machine has 2" in short.stderr

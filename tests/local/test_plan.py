@@ -193,3 +193,24 @@ def test_pdx_local_refuses_a_file_with_a_duplicate_key_as_kubectl_does(tmp_path:
         [sys.executable, "-m", "pdx", "local", "plan", "-f", str(cr)], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 2 and "not valid YAML" in proc.stderr and "line 6" in proc.stderr, proc.stderr
+
+
+def test_an_engine_keeps_its_side_channel_port_from_leg_to_leg_so_vllms_compile_cache_key_holds(
+    tmp_path: Path,
+) -> None:
+    """vLLM hashes VLLM_NIXL_SIDE_CHANNEL_PORT into its torch.compile cache key: a new port per start
+    compiled every GPU engine again (21-25 s a start on the H100). The next leg's plan of the same pods
+    (bidirectional flipped: new engines) gets the same ports; another state directory does not share them."""
+    doc = copy.deepcopy(default_document())
+    first = plan(tmp_path, doc)
+    doc["spec"]["kvTransfer"]["bidirectional"] = not doc["spec"]["kvTransfer"].get("bidirectional", True)
+    second = plan(tmp_path, doc)
+    engines = [name for name, p in first.items() if p.role != "router"]
+    assert len(engines) == 2
+    for name in engines:
+        assert first[name].env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == second[name].env["VLLM_NIXL_SIDE_CHANNEL_PORT"]
+    assert len({second[n].env["VLLM_NIXL_SIDE_CHANNEL_PORT"] for n in engines}) == 2
+    other = plan(tmp_path / "other", doc)
+    assert {other[n].env["VLLM_NIXL_SIDE_CHANNEL_PORT"] for n in engines}.isdisjoint(
+        {first[n].env["VLLM_NIXL_SIDE_CHANNEL_PORT"] for n in engines}
+    )

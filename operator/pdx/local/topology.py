@@ -67,9 +67,23 @@ def ephemeral_port_low() -> int:
 
 
 _HANDED_OUT: set[int] = set()
+# Each engine pod's NIXL side-channel port, kept for the pod's next start (the next leg): vLLM
+# hashes VLLM_NIXL_SIDE_CHANNEL_PORT into its torch.compile cache key (vllm.envs.compile_factors
+# leaves out only the host), so a new port per start made every GPU engine compile again: 21-25 s
+# a start on the H100 (docs/results/h100-2026-12-05-held: four starts, four cache directories).
+_SIDE_CHANNELS: dict[tuple[str, str], int] = {}
 
 
-def free_port(preferred: int | None = None) -> int:
+def side_channel_port(state_dir: Path, pod: str) -> int:
+    """The port this pod's side channel had before, while it is free; a free one otherwise."""
+    key = (str(state_dir), pod)
+    before = _SIDE_CHANNELS.get(key)
+    port = free_port(before, reuse_address=True) if before else free_port()
+    _SIDE_CHANNELS[key] = port
+    return port
+
+
+def free_port(preferred: int | None = None, reuse_address: bool = False) -> int:
     """`preferred` when it is free, else a free port below the kernel's ephemeral range.
 
     A port from that range can go to any other socket between this check and the engine's
@@ -81,6 +95,10 @@ def free_port(preferred: int | None = None) -> int:
     pool = [p for p in random.sample(range(max(1024, low - 16384), low), 256) if p not in _HANDED_OUT]
     for candidate in ([preferred] if preferred else []) + pool:
         with socket.socket() as s:
+            if reuse_address and candidate == preferred:
+                # as the listener will bind it (ZMQ sets SO_REUSEADDR): the last start's closed
+                # connections in TIME_WAIT do not hold the port, a listening socket does
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((LOOPBACK, candidate))
             except OSError:
@@ -151,7 +169,8 @@ class LocalTopology:
         engines: list[LocalProcess] = []
         for role in ROLES:
             for ordinal in range(self.target.spec.role(role).replicas):
-                ports = Ports(http=free_port(), side_channel=free_port())
+                pod = f"{sets[role]['metadata']['name']}-{ordinal}"
+                ports = Ports(http=free_port(), side_channel=side_channel_port(self.state_dir, pod))
                 engines.append(engine_process(sets[role], ordinal, ports, self.layout))
         engines = self._on_gpus(engines, sets)
         return [*engines, self._router(self.target, objects, engines, free_port(self._router_port))]

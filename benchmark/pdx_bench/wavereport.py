@@ -1,0 +1,225 @@
+"""`pdx bench wave-report OUT`: one report.md over a wave's parts (pure, reads OUT).
+
+The seed article (1P1D on two p5en.48xlarge, Qwen3-32B at TP 8, EFA between them) gives its
+TTFT as means per prompt length, and states two ends of its sweep: OFF 158 ms at 2k and 778 ms
+at 24k, ON 122 and 460 ms. The wave's sweep is put beside them as means too (follow-up turns),
+with its p50, the bound and the ratios; what differs (model, parallelism, GPUs, the interconnect)
+is said above the table.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .records import RequestRecord, read_records
+from .report import markdown, percentile
+
+# The seed's Qwen3-32B figures (ms, means over follow-up turns per prompt length), as its text
+# states them: TTFT OFF and ON, and the prefill time (compute + D->P transfer for ON).
+SEED_P5EN: dict[int, dict[str, float]] = {
+    2000: {"off": 158.0, "on": 122.0, "prefill_off": 153.0, "prefill_on": 128.0},
+    24000: {"off": 778.0, "on": 460.0, "prefill_off": 744.0, "prefill_on": 414.0},
+}
+SEED_SETUP = "1P1D, two p5en.48xlarge (8 H200 each), Qwen3-32B at TP 8, KV over EFA; prefill's prefix cache off"
+
+
+def _records(part: Path, leg: str) -> list[RequestRecord]:
+    path = part / f"records-{leg}.json"
+    return read_records(path) if path.is_file() else []
+
+
+def _summary(part: Path) -> dict[str, Any] | None:
+    path = part / "summary.json"
+    if not path.is_file():
+        return None
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def _f(v: float | None, fmt: str = "{:.0f}") -> str:
+    return "-" if v is None or v != v else fmt.format(v)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _p50(values: Sequence[float]) -> float | None:
+    return percentile(values, 50) if values else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b <= 0 else a / b
+
+
+def seed_table(sweep: Path) -> tuple[str, dict[str, Any]]:
+    """The sweep's follow-up turns per length beside the seed's p5en figures, and ON's first turn
+    against OFF's (issue 43's target: at most 1.03x)."""
+    legs = {leg: _records(sweep, leg) for leg in ("off", "on", "bound")}
+    lengths = sorted({r.prefix_tokens for rs in legs.values() for r in rs} | set(SEED_P5EN))
+    rows, data = [], []
+    for n in lengths:
+        follow = {leg: [r.ttft_ms for r in rs if r.prefix_tokens == n and r.turn >= 2] for leg, rs in legs.items()}
+        first = {leg: [r.ttft_ms for r in rs if r.prefix_tokens == n and r.turn == 1] for leg, rs in legs.items()}
+        prompt = _mean([float(r.input_num_tokens) for r in legs["on"] if r.prefix_tokens == n and r.turn >= 2])
+        seed = SEED_P5EN.get(n, {})
+        row = {
+            "length": n,
+            "prompt_tokens": prompt,
+            "seed_off_mean": seed.get("off"),
+            "seed_on_mean": seed.get("on"),
+            "seed_off_over_on": _ratio(seed.get("off"), seed.get("on")),
+            "off_mean": _mean(follow["off"]),
+            "on_mean": _mean(follow["on"]),
+            "off_p50": _p50(follow["off"]),
+            "on_p50": _p50(follow["on"]),
+            "bound_p50": _p50(follow["bound"]),
+            "first_on_over_off": _ratio(_p50(first["on"]), _p50(first["off"])),
+        }
+        row["off_over_on"] = _ratio(row["off_mean"], row["on_mean"])
+        row["on_over_bound"] = _ratio(row["on_p50"], row["bound_p50"])
+        data.append(row)
+        rows.append(
+            (
+                str(n), _f(prompt), _f(row["seed_off_mean"]), _f(row["seed_on_mean"]),
+                _f(row["seed_off_over_on"], "{:.2f}x"), _f(row["off_mean"]), _f(row["on_mean"]),
+                _f(row["off_over_on"], "{:.2f}x"), _f(row["off_p50"]), _f(row["on_p50"]), _f(row["bound_p50"]),
+                _f(row["on_over_bound"], "{:.2f}x"), _f(row["first_on_over_off"], "{:.3f}x"),
+            )
+        )  # fmt: skip
+    headers = (
+        "prefix", "prompt tok", "seed OFF mean", "seed ON mean", "seed OFF/ON", "OFF mean", "ON mean", "OFF/ON",
+        "OFF p50", "ON p50", "bound p50", "ON/bound", "turn 1 ON/OFF",
+    )  # fmt: skip
+    on = {r["length"]: r["on_p50"] for r in data}
+    growth = _ratio(on.get(24000), on.get(8000))
+    text = markdown(headers, rows)
+    text += (
+        f"\n\nThe seed: {SEED_SETUP}; its text gives the 2k and 24k ends (means). Here: follow-up turns (turn >= 2), "
+        "ms; turn 1 ON/OFF: first turns' p50, ON over OFF (target at most 1.03x). "
+        f"ON p50 growth from 8k to 24k: {_f(growth, '{:.2f}x')} (target at most 1.5x)."
+    )
+    return text, {"rows": data, "on_growth_8k_24k": growth}
+
+
+def _rows_table(summary: dict[str, Any]) -> str:
+    headers = ("prefix", "OFF p50", "OFF p90", "ON p50", "ON p90", "OFF/ON", "bound p50", "ON/bound")
+    body = []
+    for r in summary.get("rows", []):
+        off, on, bound = r.get("off") or {}, r.get("on") or {}, r.get("bound") or {}
+        body.append(
+            (
+                str(r["length"]), _f(off.get("ttft_p50")), _f(off.get("ttft_p90")), _f(on.get("ttft_p50")),
+                _f(on.get("ttft_p90")), _f(r.get("ratio"), "{:.2f}x"), _f(bound.get("ttft_p50")),
+                _f(r.get("on_over_bound"), "{:.2f}x"),
+            )
+        )  # fmt: skip
+    return markdown(headers, body)
+
+
+def _agentic_table(summary: dict[str, Any]) -> str:
+    block = summary.get("agentic")
+    if not block:
+        return "(no agentic rows)"
+    headers = (
+        "leg",
+        "bucket",
+        "n",
+        "local",
+        "D->P",
+        "recompute",
+        "released",
+        "ON p50",
+        "OFF p50",
+        "bound p50",
+        "ON/bound",
+    )
+    body = []
+    for r in block["rows"]:
+        o = r["outcomes"]
+        body.append(
+            (
+                r["leg"], r["bucket"], str(r["n"]), str(o["local"]), str(o["D->P"]), str(o["recompute"]),
+                str(o["released"]), _f(r["ttft_p50"]), _f(r["off_p50"]), _f(r["bound_p50"]),
+                _f(r["on_over_bound"], "{:.2f}x"),
+            )
+        )  # fmt: skip
+    return markdown(headers, body) + f"\n\n{block['mix']}"
+
+
+def _points_table(summary: dict[str, Any]) -> str:
+    headers = ("leg", "prefix", "live", "n", "p50", "p90", "p99", "outcomes", "overcommit", "released/waited")
+    body = []
+    for p in summary.get("points", []):
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(p["outcomes"].items()))
+        held = "-" if p.get("releases") is None else f"{p['releases']}/{p['waited_on_held']}"
+        body.append(
+            (
+                p["leg"], str(p["prefix_tokens"]), _f(p.get("live")), str(p["n"]), _f(p["ttft_p50"]),
+                _f(p["ttft_p90"]), _f(p.get("ttft_p99")), outcomes, _f(p.get("overcommit"), "{:.1f}x"), held,
+            )
+        )  # fmt: skip
+    return markdown(headers, body)
+
+
+SECTIONS = (
+    ("suffix2k", "2k-token suffixes: ON/bound on the D->P path (target at most 1.25x)"),
+    ("agentic", "The agentic mix: outcomes and ON/bound per suffix bucket"),
+    ("load", "Load: 8 clients, OFF and ON"),
+    ("overcommit", "One overcommit point: held KV over decode's cache, the valve on"),
+)
+
+
+def write(out: Path) -> Path:
+    """OUT/report.md and OUT/report.json from whatever parts OUT holds."""
+    status = json.loads((out / "wave.json").read_text()) if (out / "wave.json").is_file() else {}
+    gpu = (out / "gpu.txt").read_text().strip() if (out / "gpu.txt").is_file() else "(no gpu.txt)"
+    lines = ["# pdx wave: every GPU figure in one run", "", "## Machine", "", "```", gpu, "```", ""]
+    if (out / "plan.txt").is_file():
+        lines += ["```", (out / "plan.txt").read_text().strip(), "```", ""]
+    steps = status.get("steps", [])
+    if steps:
+        body = [
+            (
+                s["part"], s["leg"], _f(s.get("estimate_s")), _f(s.get("seconds")),
+                "kept" if s.get("engines_kept") else ("started" if "seconds" in s else "-"),
+                s.get("skipped") or s.get("error", "")[:80] or ("complete" if s.get("complete") else "partial"),
+            )
+            for s in steps
+        ]  # fmt: skip
+        lines += ["## What ran", "", markdown(("part", "leg", "estimate s", "took s", "engines", "state"), body)]
+        lines += ["", f"Wave: {_f(status.get('seconds'))} s of {_f(status.get('plan', {}).get('budget_s'))} s.", ""]
+    data: dict[str, Any] = {}
+    if (out / "sweep").is_dir():
+        text, data["sweep"] = seed_table(out / "sweep")
+        lines += ["## The seed's sweep, beside the seed's p5en figures", "", text, ""]
+        if (out / "sweep" / "ttft_vs_prompt_length.png").is_file():
+            lines += ["![TTFT vs prompt length](sweep/ttft_vs_prompt_length.png)", ""]
+    for name, heading in SECTIONS:
+        summary = _summary(out / name)
+        if summary is None:
+            continue
+        table = (
+            _agentic_table(summary)
+            if name == "agentic"
+            else _points_table(summary)
+            if name == "overcommit"
+            else _rows_table(summary)
+        )
+        legs = summary.get("context", {}).get("wave legs run", "")
+        lines += [f"## {heading}", "", table, "", f"Legs run: {legs}. Details: `{name}/report.md`.", ""]
+    if (out / "tpot" / "decode-local.md").is_file():
+        lines += ["## Decode-local: the streams' TPOT", "", "See `tpot/decode-local.md`:", ""]
+        lines += [line for line in (out / "tpot" / "decode-local.md").read_text().splitlines() if line.strip()][:40]
+        lines.append("")
+    correct = out / "correct" / "summary.md"
+    if correct.is_file():
+        lines += ["## Correctness (scripts/gpu-correct.sh)", "", correct.read_text().strip(), ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    (out / "report.json").write_text(json.dumps(data, indent=2) + "\n")
+    return path

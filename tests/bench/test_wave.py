@@ -1,0 +1,182 @@
+"""The one-run GPU wave (issues 43 and 45): its plan, the budget arithmetic, and the whole run on
+the fake local topology (engine starts, parts packed as they end, a budget that runs out, the
+report beside the seed's p5en figures), and scripts/gpu-wave.sh's plan."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pdx_bench import wave, wavereport
+from pdx_bench.cli import max_prompt_tokens
+from pdx_bench.records import read_records
+from pdx_bench.workload import WordCounter
+
+from .fakeserver import FakeTopology, example_doc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_gpu_plan_names_every_figure_of_the_wave_and_fits_25_minutes_of_machine() -> None:
+    plan = wave.plan("gpu")
+    names = [p["name"] for p in plan.to_json()["parts"]]
+    assert names == ["sweep", "suffix2k", "agentic", "tpot", "load", "overcommit", "correct"]
+    assert plan.budget_s == 25 * 60 - wave.OUTSIDE_S
+    steps = plan.steps()
+    # every leg of every part runs once; the sweep first and whole, OFF then ON
+    assert sorted((s.part, s.leg.name) for s in steps) == sorted(
+        (p.name, leg.name) for p in plan.parts for leg in p.legs
+    )
+    assert [(s.part, s.leg.name) for s in steps[:2]] == [("sweep", "off"), ("sweep", "on")]
+    # then every ON-side leg on the engines the sweep left, then the OFF legs: three starts in all
+    sides = [wave._reuses(s.leg) for s in steps[1:]]
+    assert sides == sorted(sides, reverse=True) and plan.starts() == 3
+    assert [s.start for s in steps].count(True) == 3
+    # the arithmetic: legs, starts and correct's reserve, within the budget
+    legs = sum(s.estimate_s for s in steps)
+    assert plan.estimate_s() == pytest.approx(legs + 3 * wave.GPU_COSTS.engine_start_s + wave.GPU_COSTS.correct_s)
+    assert plan.estimate_s() <= plan.budget_s
+    # part after part, OFF then ON, would start the engines twelve times: over the budget
+    assert legs + 12 * wave.GPU_COSTS.engine_start_s + wave.GPU_COSTS.correct_s > plan.budget_s
+
+
+@pytest.mark.parametrize("cr", ["examples/local-gpu.yaml", "examples/local-gpu-tp2.yaml"])
+def test_every_part_fits_the_gpu_examples_max_model_len(cr: str) -> None:
+    limit = yaml.safe_load((ROOT / cr).read_text())["spec"]["model"]["maxModelLen"]
+    for part in wave.plan("gpu").parts:
+        assert max_prompt_tokens(part.spec, list(part.lengths), list(part.suffixes)) <= limit, part.name
+
+
+def test_the_estimate_grows_with_the_work_a_leg_does() -> None:
+    sweep = wave.plan("gpu").part("sweep")
+    off, on = sweep.legs
+    assert sweep.estimate_s(off, wave.GPU_COSTS) > 0
+    # ON computes only each turn's new tokens, but also serves the bound: both counted
+    no_bound = wave.Part(sweep.name, sweep.what, sweep.legs, sweep.lengths, sweep.spec, bound=False)
+    assert no_bound.estimate_s(on, wave.GPU_COSTS) < no_bound.estimate_s(off, wave.GPU_COSTS)
+    assert sweep.estimate_s(on, wave.GPU_COSTS) > no_bound.estimate_s(on, wave.GPU_COSTS)
+
+
+def test_a_subset_and_unknown_parts() -> None:
+    plan = wave.plan("gpu", ["load", "sweep"])
+    assert [p.name for p in plan.parts] == ["sweep", "load"] and not plan.correct
+    with pytest.raises(ValueError, match="unknown parts nope"):
+        wave.plan("gpu", ["nope"])
+
+
+def test_the_wave_resource_fixes_decodes_kv_blocks_and_turns_bidirectional_on() -> None:
+    doc = yaml.safe_load((ROOT / "examples/local-gpu-overcommit.yaml").read_text())
+    doc["spec"]["kvTransfer"]["bidirectional"] = False
+    got = wave.wave_document(doc, 512)
+    assert got["spec"]["decode"]["extraArgs"] == ["--num-gpu-blocks-override", "512"]
+    assert got["spec"]["kvTransfer"]["bidirectional"] is True
+    assert "extraArgs" not in wave.wave_document(example_doc(), None)["spec"]["decode"]
+
+
+def _run(
+    tmp_path: Path,
+    budget_s: float = 3600.0,
+    parts: list[str] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[wave.Plan, int]:
+    plan = wave.plan("cpu", parts or list(wave.PART_NAMES), budget_s)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "gpu.txt").write_text("name, memory.total [MiB]\nNVIDIA H100 80GB HBM3, 81559 MiB\n")
+    logs = tmp_path / "state" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "ipc-probe.log").write_text("pdx-ipc-probe: cuda READ 256 MiB at 1294.9 GB/s over cuda_ipc\n")
+    doc = wave.wave_document(example_doc(), 24)
+    rc = wave.run(
+        plan,
+        doc,
+        tmp_path / "out",
+        lambda _ep: WordCounter(),
+        factory=FakeTopology,
+        log_dirs=lambda: iter([logs]),
+        clock=clock,
+    )
+    return plan, rc
+
+
+def test_the_whole_wave_on_fakes_three_engine_starts_each_part_packed_and_reported(tmp_path: Path) -> None:
+    plan, rc = _run(tmp_path)
+    out = tmp_path / "out"
+    assert rc == 0, (out / "wave.log").read_text()
+    # the engines started as planned: OFF, ON, OFF; every other leg kept the running ones
+    assert [d["spec"]["kvTransfer"]["bidirectional"] for d in FakeTopology.started] == [False, True, False]
+    assert all(d["spec"]["decode"]["extraArgs"] == ["--num-gpu-blocks-override", "24"] for d in FakeTopology.started)
+    status = json.loads((out / "wave.json").read_text())
+    assert [(s["part"], s["leg"]) for s in status["steps"]] == [(s.part, s.leg.name) for s in plan.steps()]
+    assert [s["engines_kept"] for s in status["steps"]] == [not s.start for s in plan.steps()]
+    for part in plan.parts:
+        legs = {leg.name for leg in part.legs} | ({"bound"} if part.bound else set())
+        assert {
+            p.name.removeprefix("records-").removesuffix(".json") for p in (out / part.name).glob("records-*")
+        } == legs
+        assert all(read_records(out / part.name / f"records-{leg}.json") for leg in legs)
+        with tarfile.open(out / f"{part.name}.tgz") as tar:
+            names = tar.getnames()
+        assert f"{part.name}/report.md" in names and f"{part.name}/wave.json" in names
+        assert f"{part.name}/logs/ipc-probe.log" in names and f"{part.name}/gpu.txt" in names
+    # the tpot part went local on its local leg, and got decode-local's report
+    local = [r for r in read_records(out / "tpot" / "records-local.json") if r.turn >= 2]
+    assert local and {r.reuse for r in local} == {"local"}
+    assert (out / "tpot" / "decode-local.md").is_file()
+    summary = json.loads((out / "agentic" / "summary.json").read_text())
+    assert {r["leg"] for r in summary["agentic"]["rows"]} == {"on"} and summary["agentic"]["rows"][-1]["off_n"] > 0
+    assert json.loads((out / "overcommit" / "summary.json").read_text())["points"][0]["live"] == 3
+    log = (out / "wave.log").read_text()
+    assert "sweep on: exit 0" in log and "suffix2k on: exit 0" in log and "(partial: on)" in log
+    # the report: what ran, the sweep beside the seed's p5en figures, every part's table
+    report = wavereport.write(out).read_text()
+    assert "NVIDIA H100 80GB HBM3" in report and "## What ran" in report
+    assert "| 24000 | - | 778 | 460 | 1.69x |" in report  # the seed's end, where this run had no 24k point
+    for heading in ("2k-token suffixes", "The agentic mix", "Load: 8 clients", "One overcommit point", "Decode-local"):
+        assert heading in report
+    rows = json.loads((out / "report.json").read_text())["sweep"]["rows"]
+    mine = next(r for r in rows if r["length"] == 256)
+    assert mine["off_mean"] > 0 and mine["on_p50"] > 0 and mine["bound_p50"] > 0 and mine["first_on_over_off"] > 0
+
+
+def test_a_budget_that_runs_out_skips_what_would_not_fit_and_keeps_what_ran(tmp_path: Path) -> None:
+    plan = wave.plan("cpu", ["sweep", "load"], 10_000)
+    first = plan.steps()[0].estimate_s + plan.costs.engine_start_s
+    ticks = itertools.count(0, 30)  # each reading of the clock 30 s on: the fakes take no time
+    _, rc = _run(tmp_path, budget_s=first + 31, parts=["sweep", "load"], clock=lambda: float(next(ticks)))
+    out = tmp_path / "out"
+    assert rc == 1
+    status = json.loads((out / "wave.json").read_text())
+    ran = [(s["part"], s["leg"]) for s in status["steps"] if "seconds" in s]
+    skipped = [(s["part"], s["leg"]) for s in status["steps"] if "skipped" in s]
+    assert ran == [("sweep", "off")] and skipped == [("sweep", "on"), ("load", "on"), ("load", "off")]
+    assert (out / "sweep.tgz").is_file() and not (out / "load").exists()
+    assert "sweep on: skipped" in (out / "wave.log").read_text()
+
+
+def test_the_script_prints_the_plan_without_a_gpu(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHON": sys.executable, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    got = subprocess.run(
+        ["bash", "scripts/gpu-wave.sh", "--plan"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert got.returncode == 0, got.stderr
+    plan = json.loads(got.stdout[got.stdout.index("{") :])
+    assert [p["name"] for p in plan["parts"]][-1] == "correct" and plan["estimate_s"] <= plan["budget_s"]
+    cpu = subprocess.run(
+        ["bash", "scripts/gpu-wave.sh", "--plan"],
+        cwd=ROOT,
+        env={**env, "PROFILE": "cpu", "BUDGET_S": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert cpu.returncode == 1 and "the plan needs" in cpu.stderr
