@@ -55,10 +55,11 @@ class HoldsAnswer(Document):
     """Requests refused KV blocks at least once while decode kept held KV (the valve off, or every
     hold claimed): what held KV cost new work, since the engine started."""
     released: list[HoldId] = Field(default_factory=list)
-    """Holds released early after the request's ``since`` (the last MAX_IDS at most; all that
+    """Holds released early (under pressure, or superseded: a younger hold of the same tokens
+    covers them) after the request's ``since`` (the last MAX_IDS at most; all that
     are kept when ``since`` is ahead of ``seq``: the engine restarted)."""
     seq: int = Field(default=0, ge=0)
-    """Early releases counted since the engine started: the caller's next ``since``."""
+    """Early releases of either kind since the engine started: the caller's next ``since``."""
     valve: bool = True
     """False when the plugin could not patch this vLLM: holds are then freed only by a read or
     the TTL, as without pdx, and claims always succeed while the TTL runs."""

@@ -90,7 +90,9 @@ class Holds:
         self._released: set[str] = set()  # freed early; the worker's "sent" report is still due
         self._kept: dict[str, int] = {}  # shortened holds: the leading tokens still held
         self.trims = 0  # holds shortened under pressure (their tails freed, their prefixes kept)
-        self.releases = 0  # also the sequence number of the last release (`released_after`)
+        self.releases = 0  # released under pressure
+        self.superseded = 0  # released because a younger hold covers them (`supersede`)
+        self.seq = 0  # early releases of either kind: the number of the last (`released_after`)
         self._release_log: deque[tuple[int, str]] = deque(maxlen=contract.MAX_IDS)
         self._waited: OrderedDict[str, None] = OrderedDict()  # the last WAITED_KEPT ids counted below
         self.waited = 0  # requests refused blocks at least once while decode kept held KV
@@ -119,6 +121,10 @@ class Holds:
                 self._held.move_to_end(hold)
                 out.append(hold)
         return out
+
+    def unclaimed(self) -> list[str]:
+        """The holds no router claims now, youngest last."""
+        return [hold for hold, claims in self._held.items() if claims == 0]
 
     def release_claim(self, ids: list[str]) -> None:
         for hold in ids:
@@ -155,7 +161,7 @@ class Holds:
         """
         if not self.valve:
             return None
-        free = [hold for hold, claims in self._held.items() if claims == 0]
+        free = self.unclaimed()
         if not free:
             return None
         gap = self.typical_gap()
@@ -180,17 +186,22 @@ class Holds:
         """The tokens still held of each of ``ids`` that was shortened."""
         return {hold: self._kept[hold] for hold in ids if hold in self._kept}
 
-    def released(self, hold: str) -> None:
-        """``hold`` was freed early: forget it, and expect the worker to report it once more."""
+    def released(self, hold: str, pressure: bool = True) -> None:
+        """``hold`` was freed early (under pressure, or superseded): forget it, and expect the
+        worker to report it once more."""
         self._forget(hold)
         self._released.add(hold)
-        self.releases += 1
-        self._release_log.append((self.releases, hold))
+        if pressure:
+            self.releases += 1
+        else:
+            self.superseded += 1
+        self.seq += 1
+        self._release_log.append((self.seq, hold))
 
     def released_after(self, since: int) -> list[str]:
         """Holds released early after release number ``since`` (the last MAX_IDS); every kept one
         when ``since`` is ahead (the caller saw an engine that has since restarted)."""
-        if since > self.releases:
+        if since > self.seq:
             since = 0
         return [hold for seq, hold in self._release_log if seq > since]
 
@@ -222,7 +233,7 @@ def held_blocks(scheduler: Any, holds: Holds) -> int:
     return len(seen)
 
 
-def release(scheduler: Any, holds: Holds, hold: str) -> bool:
+def release(scheduler: Any, holds: Holds, hold: str, pressure: bool = True) -> bool:
     """Free ``hold``'s blocks now and have the worker drop its send deadline; False if unknown."""
     request = scheduler.requests.get(hold)
     if request is None or not request.is_finished():
@@ -233,8 +244,8 @@ def release(scheduler: Any, holds: Holds, hold: str) -> bool:
     pending = getattr(sender, "_reqs_need_send", None)
     if isinstance(pending, dict):
         pending[hold] = float("-inf")  # the worker reaps it at its next step, then reports it sent
-    holds.released(hold)
-    logger.debug("pdx plugin: released held KV of %s under pressure", hold)
+    holds.released(hold, pressure)
+    logger.debug("pdx plugin: released held KV of %s (%s)", hold, "under pressure" if pressure else "superseded")
     return True
 
 
@@ -278,6 +289,35 @@ def shorten(scheduler: Any, holds: Holds, hold: str, blocks: int, min_keep: int)
     manager.block_pool.free_blocks(reversed(tail))
     holds.shortened(hold, keep * int(manager.block_size))
     logger.debug("pdx plugin: shortened held KV of %s to %d blocks under pressure", hold, keep)
+
+
+def _covers(scheduler: Any, new: str, old: str) -> bool:
+    """Whether hold ``new`` holds every token ``old`` does, in the same blocks: ``old``'s whole
+    blocks are ``new``'s first ones (vLLM's prefix cache shares them) and the tokens of its last,
+    partial block begin ``new``'s at that place."""
+    group = _group(scheduler)
+    new_req, old_req = scheduler.requests.get(new), scheduler.requests.get(old)
+    if group is None or new_req is None or old_req is None:
+        return False
+    size = int(group.block_size)
+    mine, theirs = group.req_to_blocks.get(new), group.req_to_blocks.get(old)
+    if not mine or not theirs or size <= 0:
+        return False
+    old_ids, new_ids = old_req.all_token_ids, new_req.all_token_ids
+    whole = len(old_ids) // size
+    if not old_ids or len(old_ids) > len(new_ids) or whole > len(theirs) or list(theirs[:whole]) != list(mine[:whole]):
+        return False
+    return list(old_ids[whole * size :]) == list(new_ids[whole * size : len(old_ids)])
+
+
+def supersede(scheduler: Any, holds: Holds, hold: str) -> None:
+    """Release the unclaimed holds that the new ``hold`` covers (`_covers`): a conversation's
+    earlier turn whose next turn ran on decode from its prefix cache (a decode-local turn, or a
+    recompute that landed there). The router reads only the newer; the older would keep its
+    blocks pinned twice over, and as the older hold it would outlive the newer under pressure."""
+    for other in holds.unclaimed():
+        if other != hold and _covers(scheduler, hold, other):
+            release(scheduler, holds, other, pressure=False)
 
 
 def _shortfall(scheduler: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
@@ -363,6 +403,8 @@ def patch_scheduler(module: Any, valve: bool, max_fraction: float | None = None)
         out = free_request(self, request, *args, **kwargs)
         if request.request_id in self.requests and _hold_of(request):
             self._pdx_holds.add(request.request_id)
+            if self._pdx_holds.valve:
+                supersede(self, self._pdx_holds, request.request_id)
             trim(self, self._pdx_holds, self._pdx_min_free, self._pdx_min_keep)
         return out
 
@@ -397,7 +439,7 @@ def answer(scheduler: Any, request: contract.HoldsRequest) -> contract.HoldsAnsw
         releases=holds.releases,
         trims=holds.trims,
         released=holds.released_after(request.since),
-        seq=holds.releases,
+        seq=holds.seq,
         waited=holds.waited,
         valve=holds.valve,
     )

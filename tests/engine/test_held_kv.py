@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import types
 from dataclasses import dataclass, field
@@ -126,11 +127,15 @@ def test_releases_are_named_after_the_callers_last_count_and_all_after_a_restart
 # ---------------------------------------------------------------- the scheduler patch, on fakes
 
 
+_TOKENS = itertools.count()
+
+
 @dataclass
 class FakeRequest:
     request_id: str
     kv_transfer_params: dict[str, Any] | None = None
     finished: bool = True
+    all_token_ids: list[int] = field(default_factory=list)
 
     def is_finished(self) -> bool:
         return self.finished
@@ -239,9 +244,10 @@ def patched() -> type[FakeScheduler]:
     return cls
 
 
-def _finish_turn(sched: FakeScheduler, req_id: str, blocks: int) -> None:
-    """A decode turn that ends holding its blocks for the next turn's prefill."""
-    request = FakeRequest(req_id, {"do_remote_prefill": False, "do_remote_decode": False})
+def _finish_turn(sched: FakeScheduler, req_id: str, blocks: int, tokens: list[int] | None = None) -> None:
+    """A decode turn that ends holding its blocks (a token each) for the next turn's prefill."""
+    ids = tokens if tokens is not None else [next(_TOKENS) for _ in range(blocks)]
+    request = FakeRequest(req_id, {"do_remote_prefill": False, "do_remote_decode": False}, all_token_ids=ids)
     sched.requests[req_id] = request
     assert sched.kv_cache_manager.allocate_slots(request, blocks) is not None
     sched._free_request(request, delay_free_blocks=True)
@@ -413,3 +419,51 @@ def test_blocks_two_holds_share_through_the_prefix_cache_count_once(patched: typ
     ids = sched.kv_cache_manager.ids
     ids["turn-2"] = [*ids["turn-1"][:2], *ids["turn-2"]]  # a later turn of the same conversation
     assert held_kv.answer(sched, contract.HoldsRequest()).held_blocks == 5
+
+
+def _turn_sharing(
+    sched: FakeScheduler, req_id: str, shared_from: str, shared: int, new: int, tokens: list[int]
+) -> None:
+    """A turn that ran on decode from its prefix cache: `shared` of `shared_from`'s blocks, then
+    `new` of its own, holding `tokens`, ends holding them."""
+    request = FakeRequest(req_id, {"do_remote_prefill": False, "do_remote_decode": False}, all_token_ids=tokens)
+    sched.requests[req_id] = request
+    manager = sched.kv_cache_manager
+    assert manager.allocate_slots(request, new) is not None
+    manager.ids[req_id] = [*manager.ids[shared_from][:shared], *manager.ids[req_id]]
+    sched._free_request(request, delay_free_blocks=True)
+
+
+def test_a_turn_that_holds_all_an_earlier_hold_holds_supersedes_it_without_counting_as_pressure(
+    patched: type[FakeScheduler],
+) -> None:
+    sched = patched(blocks=20)
+    sched.kv_cache_manager.group.block_size = 2
+    _finish_turn(sched, "turn-1", 2, tokens=[1, 2, 3])  # a whole block and a partial one
+    _turn_sharing(sched, "turn-2", "turn-1", shared=1, new=2, tokens=[1, 2, 3, 4, 5])
+    answer = held_kv.answer(sched, contract.HoldsRequest(claim=["turn-1", "turn-2"]))
+    assert answer.held == ["turn-2"] and answer.released == ["turn-1"]
+    assert (answer.releases, answer.seq) == (0, 1)  # the router learns of it; no pressure counted
+
+
+@pytest.mark.parametrize(
+    ("tokens", "shared"),
+    [([1, 2, 9, 4, 5], 1), ([7, 8, 3, 4, 5], 0)],
+    ids=["partial-block-differs", "no-block-shared"],
+)
+def test_a_turn_that_does_not_hold_all_of_an_earlier_hold_leaves_it(
+    patched: type[FakeScheduler], tokens: list[int], shared: int
+) -> None:
+    sched = patched(blocks=20)
+    sched.kv_cache_manager.group.block_size = 2
+    _finish_turn(sched, "turn-1", 2, tokens=[1, 2, 3])
+    _turn_sharing(sched, "other", "turn-1", shared=shared, new=3 - shared, tokens=tokens)
+    assert held_kv.answer(sched, contract.HoldsRequest(claim=["turn-1"])).held == ["turn-1"]
+
+
+def test_a_claimed_hold_is_not_superseded_under_a_read(patched: type[FakeScheduler]) -> None:
+    sched = patched(blocks=20)
+    _finish_turn(sched, "turn-1", 2, tokens=[1, 2])
+    held_kv.answer(sched, contract.HoldsRequest(claim=["turn-1"]))
+    _turn_sharing(sched, "turn-2", "turn-1", shared=2, new=1, tokens=[1, 2, 3])
+    assert held_kv.answer(sched, contract.HoldsRequest(claim=["turn-1"])).held == ["turn-1"]
