@@ -11,6 +11,8 @@ starts (``<|im_start|>`` in a chat template). This plugin keeps, per prompt, the
 last such boundary under a digest of the text before it; a later prompt that starts with that
 text (the same conversation, one turn on) tokenizes only what follows. Each boundary's digest
 chains the previous one, so a lookup costs one pass of hashing over the text, no tokenization.
+The chain starts from the request's ``cache_salt`` (the router's per-tenant salt), so a tenant
+never finds another's text here: a faster tokenization would tell it that text was sent.
 
 ``PDX_TOKENIZE_CACHE_BYTES`` (the operator renders it; unset or 0: off) bounds the ids kept, least
 recently used first. A prompt the cache cannot serve exactly (offsets asked for, truncation
@@ -79,12 +81,13 @@ class PrefixTokens:
         self.tokens_skipped = 0
         self.said = False  # whether the engine's log has the first hit
 
-    def encode(self, text: str, encode: Encode) -> list[int]:
-        """``encode(text)``'s ids, tokenizing only what follows the longest known leading part."""
+    def encode(self, text: str, encode: Encode, salt: str | None = None) -> list[int]:
+        """``encode(text)``'s ids, tokenizing only what follows the longest leading part known
+        under the same ``salt`` (the request's cache_salt)."""
         cuts = [m.start() for m in self._pattern.finditer(text) if m.start() > 0]
         if not cuts:
             return list(encode(text))
-        digests = _chain(text, cuts)
+        digests = _chain(text, cuts, salt)
         with self._lock:
             at = next((i for i in reversed(range(len(cuts))) if digests[i] in self._entries), None)
             found = None if at is None else (at, self._entries.pop(digests[at]))
@@ -127,10 +130,10 @@ class PrefixTokens:
         return len(self._entries)
 
 
-def _chain(text: str, cuts: list[int]) -> list[bytes]:
-    """One digest per cut, of all the text before it: each chains the one before."""
+def _chain(text: str, cuts: list[int], salt: str | None = None) -> list[bytes]:
+    """One digest per cut, of all the text before it (after the salt): each chains the one before."""
     digests: list[bytes] = []
-    digest = b""
+    digest = hashlib.blake2b(b"cache_salt\x00" + salt.encode(), digest_size=16).digest() if salt else b""
     start = 0
     for cut in cuts:
         digest = hashlib.blake2b(digest + text[start:cut].encode("utf-8", "surrogatepass"), digest_size=16).digest()
@@ -184,7 +187,12 @@ def wrap_tokenize(original: Callable[..., Any], max_bytes: int) -> Callable[...,
         if found is None or (kwargs.get("add_special_tokens", True) and not found[1]):
             return original(self, prompt, params)
         cache = found[0]
-        ids = cache.encode(text, lambda part: tokenizer(part, add_special_tokens=False)["input_ids"])
+        salt = prompt.get("cache_salt")
+        ids = cache.encode(
+            text,
+            lambda part: tokenizer(part, add_special_tokens=False)["input_ids"],
+            salt if isinstance(salt, str) else None,
+        )
         if cache.hits and not cache.said:
             cache.said = True
             logger.info("pdx plugin: a prompt's first %d of %d ids came from the tokenize cache",

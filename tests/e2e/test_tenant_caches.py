@@ -6,10 +6,8 @@ unknown history by its TTFT, while the owner's own hits can (the cross-tenant ti
 
 Prefill's prefix cache is on here (the `production` profile's default; the local CR's `benchmark`
 profile turns it off), so a hit skips prefill's compute and shows in TTFT, not only in a shorter
-KV transfer to decode. The engines' tokenize cache is off here: it is keyed by the prompt's text
-alone, shared by all tenants, and a probe of a recently sent text skips its tokenization (~3 ms
-per engine at 2.8k tokens on this machine), a channel the salt does not close and this test does
-not cover (docs/router.md, Security)."""
+KV transfer to decode. The engines' tokenize cache is on, as rendered: its keys start from the
+request's cache_salt too, so a probe of another tenant's text tokenizes it whole."""
 
 from __future__ import annotations
 
@@ -48,8 +46,6 @@ def topo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTopology]:
     doc: dict[str, Any] = copy.deepcopy(default_document())
     doc["spec"]["router"]["tenancy"] = {"identity": "apiKey"}  # the default cacheIsolation: tenant
     doc["spec"]["prefill"]["prefixCaching"] = True
-    for role in ("prefill", "decode"):
-        doc["spec"][role]["tokenizeCache"] = "0"
     with LocalTopology(doc, state_dir=tmp_path_factory.mktemp("tenants")) as t:
         yield t
 

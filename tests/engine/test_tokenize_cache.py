@@ -87,6 +87,21 @@ def test_an_edited_history_misses_and_still_gets_its_own_ids(qwen: Any) -> None:
     assert cache.hits == 0 and cache.misses == 2
 
 
+def test_a_text_kept_under_one_tenants_salt_is_found_only_under_that_salt(qwen: Any) -> None:
+    # A faster tokenization would tell another tenant that this text was sent recently.
+    pattern = boundary_pattern(qwen.added_tokens_decoder)
+    assert pattern is not None
+    cache = PrefixTokens(pattern, max_bytes=1 << 24)
+    turns = _conversation(random.Random(2), turns=2, words=600)
+    first, second = (qwen.apply_chat_template(t, tokenize=False, add_generation_prompt=True) for t in turns)
+    cache.encode(first, _encoder(qwen), salt="tenant-a")
+    for salt in ("tenant-b", None):
+        assert cache.encode(second, _encoder(qwen), salt=salt) == qwen(second, add_special_tokens=False)["input_ids"]
+    assert cache.hits == 0
+    assert cache.encode(second, _encoder(qwen), salt="tenant-a") == qwen(second, add_special_tokens=False)["input_ids"]
+    assert cache.hits == 1
+
+
 def test_only_raw_special_tokens_that_keep_their_left_blanks_are_cut_points() -> None:
     def token(content: str, **flags: bool) -> types.SimpleNamespace:
         base = {"special": True, "normalized": False, "lstrip": False, "single_word": False}
