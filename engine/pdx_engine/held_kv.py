@@ -6,8 +6,9 @@ new requests wait for the TTL (minutes). With this plugin, whenever the schedule
 allocate blocks for a request (admission, a P->D read's landing, a local turn, a running
 request's growth), it first releases held turns until the request fits, those whose
 conversations come back last first (`Holds.victim`); only then does vLLM wait or preempt as
-before. A hold gives up only what the request lacks, from its tail (`shorten`): the rest stays
-readable, and prefill reads that prefix and computes the remainder.
+before. With ``PDX_HELD_KV_SHORTEN=1`` a hold gives up only what the request lacks, from its
+tail (`shorten`): the rest stays readable, and prefill reads that prefix and computes the
+remainder; by default a hold goes whole (`shorten_from_env` says why).
 
 Safety does not rest on a clock: a hold is released only while no router claims it
 (`pdx_contract.holds`). The router claims a hold before attaching it to a prefill request and
@@ -42,6 +43,7 @@ logger = logging.getLogger("vllm.pdx_plugin")
 
 ENV = "PDX_HELD_KV_VALVE"
 FRACTION_ENV = "PDX_HELD_KV_MAX_FRACTION"
+SHORTEN_ENV = "PDX_HELD_KV_SHORTEN"
 SCHEDULER = "vllm.v1.core.sched.scheduler"
 ENGINE_CORE = "vllm.v1.engine.core"
 _MARK = "_pdx_held_kv"
@@ -57,6 +59,19 @@ def valve_from_env(environ: Mapping[str, str] = os.environ) -> bool:
     if raw not in ("", "0", "1"):
         raise ValueError(f"{ENV}={raw!r}: expected 1 (release held KV under pressure) or 0, or unset it")
     return raw != "0"
+
+
+def shorten_from_env(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether a hold gives up only its tail under pressure, or all of it (the default).
+
+    Off by default: on the CPU overcommit study, shortened holds reused no more follow-ups than
+    whole ones (0-4 of 12 at 2x, against 4 of 12 twice), kept more holds alive to be claimed, so
+    requests waited with every hold claimed (1-2 a point), and two of five runs stalled every
+    engine for ~24 s, which whole holds never did (docs/results/cpu-2026-12-05-overcommit-shortened)."""
+    raw = environ.get(SHORTEN_ENV, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"{SHORTEN_ENV}={raw!r}: expected 1 (give up a hold's tail) or 0 (whole holds), or unset it")
+    return raw == "1"
 
 
 def max_fraction_from_env(environ: Mapping[str, str] = os.environ) -> float | None:
@@ -81,8 +96,11 @@ class Holds:
     Pure bookkeeping: the scheduler patch below calls it, tests drive it directly (`clock`).
     """
 
-    def __init__(self, valve: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, valve: bool = True, clock: Callable[[], float] = time.monotonic, shorten: bool = False
+    ) -> None:
         self.valve = valve
+        self.shorten = shorten  # give up a hold's tail only; False: whole holds
         self.clock = clock
         self._held: OrderedDict[str, int] = OrderedDict()  # hold id -> claims, least recently used first
         self._born: dict[str, float] = {}  # hold id -> when its turn ended
@@ -276,7 +294,8 @@ def shorten(scheduler: Any, holds: Holds, hold: str, blocks: int, min_keep: int)
     goes back to the pool now (tail first, as vLLM frees), and a later read or TTL frees the rest.
     """
     request = scheduler.requests.get(hold)
-    found = _blocks_of(scheduler, hold) if request is not None and request.is_finished() else None
+    whole = not holds.shorten or request is None or not request.is_finished()
+    found = None if whole else _blocks_of(scheduler, hold)
     if found is None or len(found[1]) - blocks < max(min_keep, 1):
         release(scheduler, holds, hold)
         return
@@ -376,7 +395,7 @@ def _hold_of(request: Any) -> bool:
     return isinstance(params, dict) and not params.get("do_remote_decode")
 
 
-def patch_scheduler(module: Any, valve: bool, max_fraction: float | None = None) -> bool:
+def patch_scheduler(module: Any, valve: bool, max_fraction: float | None = None, shorten: bool = False) -> bool:
     """Install the bookkeeping and the valve on vLLM's Scheduler; True if patched now."""
     cls = getattr(module, "Scheduler", None)
     needed = ("_free_request", "_free_blocks", "_update_from_kv_xfer_finished")
@@ -390,7 +409,7 @@ def patch_scheduler(module: Any, valve: bool, max_fraction: float | None = None)
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        self._pdx_holds = Holds(valve)
+        self._pdx_holds = Holds(valve, shorten=shorten)
         manager = self.kv_cache_manager
         self._pdx_min_keep = _min_keep(self)
         manager.allocate_slots = wrap_allocate(self, self._pdx_holds, manager.allocate_slots, self._pdx_min_keep)
@@ -462,10 +481,10 @@ def register() -> None:
     """Entry point of the ``vllm.general_plugins`` group; safe to call repeatedly."""
     from pdx_engine.import_hook import module_exists, on_import
 
-    valve, max_fraction = valve_from_env(), max_fraction_from_env()
+    valve, max_fraction, shorten = valve_from_env(), max_fraction_from_env(), shorten_from_env()
     if not module_exists(SCHEDULER) or not module_exists(ENGINE_CORE):
         logger.error("pdx plugin: this vLLM has no %s; held KV is freed only by the TTL", SCHEDULER)
         return
-    on_import(SCHEDULER, lambda m: patch_scheduler(m, valve, max_fraction))
+    on_import(SCHEDULER, lambda m: patch_scheduler(m, valve, max_fraction, shorten))
     on_import(ENGINE_CORE, patch_engine_core)
     holds_route.register()

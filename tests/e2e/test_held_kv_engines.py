@@ -23,6 +23,7 @@ import pytest
 from pdx.local import default_document
 from pdx.local.topology import LocalTopology
 from pdx_contract import holds as contract
+from pdx_engine import held_kv
 from tests.e2e.chat import Answer, chat
 
 pytest.importorskip("vllm", reason="needs the engine extra (scripts/setup.sh)")
@@ -39,6 +40,7 @@ def document() -> dict[str, Any]:
     spec["model"].pop("loadFormat", None)
     spec["model"]["maxModelLen"] = 2048
     spec["decode"]["extraArgs"] = ["--num-gpu-blocks-override", str(BLOCKS)]
+    spec["decode"].setdefault("env", {})[held_kv.SHORTEN_ENV] = "1"  # holds give up their tails only
     spec["kvTransfer"]["decoderKvBlocksTtlSeconds"] = TTL
     return doc
 

@@ -239,8 +239,8 @@ def patched() -> type[FakeScheduler]:
     module = types.ModuleType(held_kv.SCHEDULER)
     cls = type("Scheduler", (FakeScheduler,), {})
     module.Scheduler = cls  # type: ignore[attr-defined]
-    assert held_kv.patch_scheduler(module, valve=True)
-    assert not held_kv.patch_scheduler(module, valve=True)  # once only
+    assert held_kv.patch_scheduler(module, valve=True, shorten=True)
+    assert not held_kv.patch_scheduler(module, valve=True, shorten=True)  # once only
     return cls
 
 
@@ -390,7 +390,7 @@ def test_a_bad_valve_setting_names_the_variable_and_the_fix() -> None:
 def test_held_kv_past_its_share_of_the_cache_is_given_back_as_the_turn_ends() -> None:
     module = types.ModuleType(held_kv.SCHEDULER)
     module.Scheduler = type("Scheduler", (FakeScheduler,), {})  # type: ignore[attr-defined]
-    assert held_kv.patch_scheduler(module, valve=True, max_fraction=0.5)
+    assert held_kv.patch_scheduler(module, valve=True, max_fraction=0.5, shorten=True)
     sched = module.Scheduler(blocks=10)  # 5 blocks kept free of held KV
     _finish_turn(sched, "old", 3)
     _finish_turn(sched, "new", 3)  # 4 free < 5: the youngest gives a block at once, before any request needs room
@@ -467,3 +467,24 @@ def test_a_claimed_hold_is_not_superseded_under_a_read(patched: type[FakeSchedul
     held_kv.answer(sched, contract.HoldsRequest(claim=["turn-1"]))
     _turn_sharing(sched, "turn-2", "turn-1", shared=2, new=1, tokens=[1, 2, 3])
     assert held_kv.answer(sched, contract.HoldsRequest(claim=["turn-1"])).held == ["turn-1"]
+
+
+def test_by_default_a_hold_goes_whole() -> None:
+    module = types.ModuleType(held_kv.SCHEDULER)
+    module.Scheduler = type("Scheduler", (FakeScheduler,), {})  # type: ignore[attr-defined]
+    assert held_kv.patch_scheduler(module, valve=True)
+    sched = module.Scheduler(blocks=6)
+    _finish_turn(sched, "a", 6)
+    sched.kv_cache_manager.allocate_slots(FakeRequest("b", finished=False), 2)
+    answer = held_kv.answer(sched, contract.HoldsRequest(claim=["a"]))
+    assert (answer.held, answer.released, answer.trims) == ([], ["a"], 0)
+
+
+@pytest.mark.parametrize(("raw", "on"), [("", False), ("1", True), ("0", False)])
+def test_shortening_is_off_unless_turned_on(raw: str, on: bool) -> None:
+    assert held_kv.shorten_from_env({held_kv.SHORTEN_ENV: raw}) is on
+
+
+def test_a_bad_shortening_setting_names_the_variable_and_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"PDX_HELD_KV_SHORTEN='yes': expected 1 .* or 0 .*, or unset it"):
+        held_kv.shorten_from_env({held_kv.SHORTEN_ENV: "yes"})
