@@ -27,10 +27,14 @@ import concurrent.futures
 import importlib.util
 import json
 import os
+import shutil
+import signal
 import ssl
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -96,9 +100,126 @@ def _cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def _request_counts(api: Api) -> dict[str, float]:
+    """The API server's apiserver_request_total, summed by verb, resource and subresource."""
+    req = urllib.request.Request(f"{api.url}/metrics")
+    with urllib.request.urlopen(req, context=api.ctx) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels_part, value = line[len("apiserver_request_total{") :].rsplit("} ", 1)
+        tags = dict(kv.split("=", 1) for kv in labels_part.split('",') if "=" in kv)
+        tags = {k: v.strip('"') for k, v in tags.items()}
+        key = f"{tags.get('verb', '')} {tags.get('resource', '')}" + (
+            f"/{tags['subresource']}" if tags.get("subresource") else ""
+        )
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def _latencies(api: Api) -> dict[str, float]:
+    """Mean seconds per request from the API server's histograms: handling by verb (APPLY,
+    POST, ...), and queueing in API Priority and Fairness by priority level."""
+    req = urllib.request.Request(f"{api.url}/metrics")
+    with urllib.request.urlopen(req, context=api.ctx) as r:
+        text = r.read().decode()
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        for metric, label in (
+            ("apiserver_request_duration_seconds", "verb"),
+            ("apiserver_flowcontrol_request_wait_duration_seconds", "priority_level"),
+        ):
+            for part in ("_sum{", "_count{"):
+                if line.startswith(metric + part):
+                    value = line.split(f'{label}="', 1)[1].split('"', 1)[0]
+                    key = f"{'wait ' if 'flowcontrol' in metric else ''}{value}{part[:-1]}"
+                    sums[key] = sums.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return sums
+
+
+def _operator_passes(port: str | None) -> dict[str, float]:
+    """The operator's pdx_operator_reconcile_passes_total by result (its PDX_METRICS_PORT)."""
+    if not port:
+        return {}
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("pdx_operator_reconcile_passes_total{"):
+            result = line.split('result="', 1)[1].split('"', 1)[0]
+            out[result] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith(("pdx_operator_reconcile_seconds_sum ", "pdx_operator_reconcile_seconds_count ")):
+            out[line.split(" ", 1)[0].rsplit("_", 1)[1]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def _generations(api: Api) -> dict[str, int]:
     items = api.get(f"/apis/{API_VERSION}/namespaces/{NS}/{PLURAL}")["items"]
     return {i["metadata"]["name"]: (i.get("status") or {}).get("observedGeneration") or 0 for i in items}
+
+
+class Generations:
+    """Every CR's status.observedGeneration, from one watch of the CRs (a list, then a watch from
+    its resourceVersion, again after the stream ends), so that waiting for convergence loads the
+    API server with one watch instead of a list of every CR twice a second; `wait` blocks on it."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        self.observed: dict[str, int] = {}
+        self.cond = threading.Condition()
+        self.stopped = False
+        self.thread = threading.Thread(target=self._run, name="bench-watch", daemon=True)
+        self.thread.start()
+
+    def _set(self, item: dict[str, Any]) -> None:
+        """A status whose pass failed to apply a child (Degraded, ApplyFailed) observed nothing yet."""
+        name = item["metadata"]["name"]
+        status = item.get("status") or {}
+        failed = any(
+            c.get("type") == "Degraded" and c.get("status") == "True" and c.get("reason") == "ApplyFailed"
+            for c in status.get("conditions") or []
+        )
+        with self.cond:
+            self.observed[name] = 0 if failed else status.get("observedGeneration") or 0
+            self.cond.notify_all()
+
+    def _run(self) -> None:
+        path = f"/apis/{API_VERSION}/namespaces/{NS}/{PLURAL}"
+        while not self.stopped:
+            try:
+                listing = self.api.get(path)
+                for item in listing["items"]:
+                    self._set(item)
+                url = f"{self.api.url}{path}?watch=1&timeoutSeconds=3600&resourceVersion="
+                url += listing["metadata"]["resourceVersion"]
+                with urllib.request.urlopen(url, context=self.api.ctx) as stream:
+                    for line in stream:
+                        if self.stopped:
+                            return
+                        event = json.loads(line)
+                        if event["type"] in ("ADDED", "MODIFIED"):
+                            self._set(event["object"])
+                        elif event["type"] == "ERROR":
+                            break  # 410 Gone and the like: list again
+            except (OSError, ValueError) as err:
+                _log(f"watch of the CRs: {err}; again")
+                time.sleep(0.5)
+
+    def count(self, names: list[str], generation: int) -> int:
+        with self.cond:
+            return sum(1 for n in names if self.observed.get(n) == generation)
+
+    def wait(self, names: list[str], generation: int, until: float) -> bool:
+        """Until every one of `names` has observed `generation` (True), or time.monotonic() >= until."""
+        with self.cond:
+            while any(self.observed.get(n) != generation for n in names):
+                left = until - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+            return True
 
 
 def _children(api: Api) -> dict[str, int]:
@@ -112,7 +233,9 @@ def _children(api: Api) -> dict[str, int]:
     return out
 
 
-def cluster_leg(resources: int, edits: int, deadline: float) -> list[tuple[str, str]]:
+def cluster_leg(
+    resources: int, edits: int, deadline: float, py_spy: str | None = None, logs: str | None = None
+) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     cp = ControlPlane(build())
     cp.start()
@@ -124,6 +247,8 @@ def cluster_leg(resources: int, edits: int, deadline: float) -> list[tuple[str, 
         kubeconfig = cp.service_account_kubeconfig("pdx-system", "pdx-operator", seconds=7200)
         operator = Operator.from_deployment(cp, deployment, kubeconfig)
         operator.env["PDX_RESYNC_SECONDS"] = "30"  # the chart's default; the timer is not what is measured
+        if os.environ.get("PDX_WORKERS"):
+            operator.env["PDX_WORKERS"] = os.environ["PDX_WORKERS"]
         cp.kubectl("create", "namespace", NS)
         wait_for(
             "ServiceAccount default", lambda: cp.kubectl("get", "sa", "default", "-n", NS, check=False).returncode == 0
@@ -141,20 +266,35 @@ def cluster_leg(resources: int, edits: int, deadline: float) -> list[tuple[str, 
             path.write_text(yaml.safe_dump_all([cr_document(name=n) for n in names[s::streams]]))
             files.append(path)
         _log(f"cluster: up in {cp.started_in:.1f} s; operator pid {pid}; creating {resources}")
+        components = cp.pids
+        parts0 = {name: _cpu(p) for name, p in components.items()}
+        requests0 = _request_counts(api)
+        latencies0 = _latencies(api)
+        metrics_port = operator.env.get("PDX_METRICS_PORT")
+        profiler = None
+        if py_spy:
+            out = Path(py_spy)
+            profiler = subprocess.Popen(
+                [os.environ.get("PY_SPY", "py-spy"), "record", "-p", str(pid), "-f", "raw", "-r", "100", "--gil",
+                 "--threads", "-o", str(out)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+        watched = Generations(api)
         cpu0 = _cpu(pid)
         t0 = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(streams) as pool:
             list(pool.map(lambda f: cp.kubectl("create", "-f", str(f), "-o", "name", timeout=deadline), files))
         created = time.monotonic() - t0
         _log(f"cluster: created {resources} in {created:.1f} s")
-        done = None
-        while time.monotonic() - t0 < deadline:
-            gens = _generations(api)
-            if sum(1 for n in names if gens.get(n) == 1) == resources:
-                done = time.monotonic() - t0
-                break
-            time.sleep(0.5)
+        done = time.monotonic() - t0 if watched.wait(names, 1, t0 + deadline) else None
         cpu1 = _cpu(pid)
+        parts1 = {name: _cpu(p) for name, p in components.items()}
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)
+            profiler.wait(60)
+        requests1 = _request_counts(api)
+        latencies1 = _latencies(api)
+        passes = _operator_passes(metrics_port)
         gens = _generations(api)
         kids = _children(api)
         full = [n for n in names if gens.get(n) == 1 and kids.get(n, 0) >= CHILDREN]
@@ -169,23 +309,56 @@ def cluster_leg(resources: int, edits: int, deadline: float) -> list[tuple[str, 
                 f"{cpu1 - cpu0:.1f} s, {(cpu1 - cpu0) / max(len(full), 1) * 1000:.0f} ms/resource",
             ),
             ("pods the real controllers made", str(pods)),
+            (
+                "converge: control plane CPU",
+                ", ".join(f"{name} {parts1[name] - parts0[name]:.1f} s" for name in components),
+            ),
+            ("converge: API requests (all clients)", f"{sum(requests1.values()) - sum(requests0.values()):.0f}"),
         ]
+        if passes:
+            rows.append(
+                (
+                    "converge: operator passes",
+                    ", ".join(f"{k} {passes.get(k, 0):.0f}" for k in ("wrote", "idle", "failed", "invalid"))
+                    + f"; {passes.get('sum', 0) / max(passes.get('count', 0), 1) * 1000:.0f} ms each on average",
+                )
+            )
+        diff = {k: v - requests0.get(k, 0.0) for k, v in requests1.items()}
+        top = sorted(diff.items(), key=lambda kv: -kv[1])[:25]
+        _log("cluster: API requests while converging: " + ", ".join(f"{k} {v:.0f}" for k, v in top))
+        mean = {
+            k[: -len("_sum")]: (latencies1[k] - latencies0.get(k, 0.0))
+            / max(
+                latencies1.get(k[: -len("_sum")] + "_count", 0.0) - latencies0.get(k[: -len("_sum")] + "_count", 0.0),
+                1.0,
+            )
+            for k in latencies1
+            if k.endswith("_sum")
+        }
+        _log(
+            "cluster: mean seconds per request while converging: "
+            + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in sorted(mean.items()))
+        )
         lat: list[float] = []
         for n in full[:edits]:
             cr_path = f"/apis/{API_VERSION}/namespaces/{NS}/{PLURAL}/{n}"
             t1 = time.monotonic()
             api.merge_patch(cr_path, {"spec": {"kvTransfer": {"decoderKvBlocksTtlSeconds": 1200}}})
-            while time.monotonic() - t1 < 30:
-                if ((api.get(cr_path).get("status") or {}).get("observedGeneration")) == 2:
-                    lat.append(time.monotonic() - t1)
-                    break
-                time.sleep(0.01)
+            if watched.wait([n], 2, t1 + 30):
+                lat.append(time.monotonic() - t1)
         if lat:
             rows += [
                 (f"CR edit -> all children, p50 (n={len(lat)})", f"{statistics.median(lat) * 1000:.0f} ms"),
                 ("CR edit -> all children, p95", f"{_pct(lat, 0.95) * 1000:.0f} ms"),
             ]
+        rows.append(("CR edits done within 30 s", f"{len(lat)}/{min(edits, len(full))}"))
+        watched.stopped = True
         operator.stop()
+        if logs:
+            Path(logs).mkdir(parents=True, exist_ok=True)
+            shutil.copy(operator.log_path, Path(logs) / "operator.log")
+            for log in (cp.workdir / "logs").glob("*.log"):
+                shutil.copy(log, Path(logs) / log.name)
     finally:
         cp.stop()
     return rows
@@ -211,6 +384,10 @@ def main() -> int:
     p.add_argument("--edits", type=int, default=20)
     p.add_argument("--deadline", type=float, default=600.0, help="seconds to converge, at most (each leg)")
     p.add_argument("--no-kmock", action="store_true", help="the cluster leg only")
+    p.add_argument("--logs", metavar="DIR", help="copy the operator's and the components' logs here at the end")
+    p.add_argument(
+        "--py-spy", metavar="FILE", help="record the operator with py-spy (`$PY_SPY` or on PATH) while converging"
+    )
     args = p.parse_args()
     legs: dict[str, list[tuple[str, str]]] = {}
     if not args.no_kmock:
@@ -218,7 +395,7 @@ def main() -> int:
         legs["kmock"] = kmock_leg(args.resources, args.edits, args.deadline)
         _log(f"kmock: {legs['kmock']}")
     _log(f"cluster leg, {args.resources} resources")
-    legs["cluster"] = cluster_leg(args.resources, args.edits, args.deadline)
+    legs["cluster"] = cluster_leg(args.resources, args.edits, args.deadline, args.py_spy, args.logs)
     keys: list[str] = []
     for rows in legs.values():
         keys += [k for k, _ in rows if k not in keys]

@@ -31,6 +31,8 @@ that state.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import json
 import logging
 import os
@@ -94,6 +96,8 @@ class _Gate:
     # Child events that arrived during a pass, as ((kind, name), resourceVersion): most are
     # echoes of that very pass's applies, which it records only when it returns.
     pending: list[tuple[tuple[str, str], str]] = field(default_factory=list)
+    # Set while the resource's pass waits for a pool thread (see `_Slots.promote`).
+    waiting: asyncio.Future[None] | None = None
 
 
 _gates: dict[tuple[str, str], _Gate] = {}
@@ -134,6 +138,70 @@ def _state(memo: Any) -> WatchState:
     if state is None:
         state = memo.state = WatchState()
     return state
+
+
+# What a pass waiting for a pool thread is for, most urgent first: a spec not yet acted on
+# (a new resource, an edit), then child events, then periodic passes. On a busy API server a
+# pass takes seconds (13 applies, one after the other); in first-come order an edit waited
+# behind every pass the real controllers' status updates had triggered.
+SPEC, CHILD, PERIODIC = 0, 1, 2
+
+
+class _Slots:
+    """The pool's threads as slots, taken by priority then arrival (on kopf's event loop only).
+    At most `size` passes are in the pool, so its own first-come queue never fills."""
+
+    def __init__(self, size: int) -> None:
+        self.free = size
+        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._arrivals = itertools.count()
+
+    async def take(self, priority: int, gate: _Gate | None = None) -> None:
+        """A slot; while waiting, `gate.waiting` lets a later trigger `promote` this pass."""
+        if self.free > 0 and not self._waiting:
+            self.free -= 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (priority, next(self._arrivals), fut))
+        if gate is not None:
+            gate.waiting = fut
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.give()  # handed a slot just as it was cancelled: pass it on
+            raise
+        finally:
+            if gate is not None:
+                gate.waiting = None
+
+    def promote(self, fut: asyncio.Future[None], priority: int) -> None:
+        """A waiting pass goes up to `priority` (its old entry is skipped once `fut` is done)."""
+        if not fut.done():
+            heapq.heappush(self._waiting, (priority, next(self._arrivals), fut))
+
+    def give(self) -> None:
+        while self._waiting:
+            fut = heapq.heappop(self._waiting)[2]
+            if not fut.done():
+                fut.set_result(None)
+                return
+        self.free += 1
+
+
+def _slots(memo: Any) -> _Slots:
+    slots: _Slots | None = getattr(memo, "slots", None)
+    if slots is None:
+        slots = memo.slots = _Slots(WORKERS)
+    return slots
+
+
+def _priority(snap: Snapshot, periodic: bool) -> int:
+    meta = snap.body.get("metadata") or {}
+    observed = (snap.body.get("status") or {}).get("observedGeneration")
+    if meta.get("generation") is not None and observed != meta.get("generation"):
+        return SPEC
+    return PERIODIC if periodic else CHILD
 
 
 def _pool(memo: Any) -> ThreadPoolExecutor:
@@ -231,13 +299,27 @@ def _differences(watched: Snapshot, listed: Snapshot) -> list[str]:
 
 
 async def _pass(
-    memo: Any, indices: Mapping[str, Any], namespace: str, name: str, *, stats: bool, logger: Any
+    memo: Any,
+    indices: Mapping[str, Any],
+    namespace: str,
+    name: str,
+    *,
+    stats: bool,
+    logger: Any,
+    handoff: bool = False,
 ) -> Outcome | None:
-    """Passes for one resource one at a time: a trigger during a pass only marks it dirty."""
+    """Passes for one resource one at a time: a trigger during a pass only marks it dirty.
+
+    `handoff` (kopf's handlers): a pass made dirty meanwhile goes again from the worker, and
+    this returns. kopf handles a resource's next event (an edit) only once its handler has
+    returned, and with the real controllers updating the StatefulSets' status while pods
+    come, a handler that looped until nothing came in returned minutes late."""
     gate = _gate((namespace, name))
     if gate.running:
         gate.dirty = True
         gate.stats = gate.stats or stats  # a periodic pass: the running one goes again with stats
+        if handoff and gate.waiting is not None:
+            _slots(memo).promote(gate.waiting, SPEC)  # an edit while a pass of a child event waits
         return None
     gate.running = True
     state = _state(memo)
@@ -249,8 +331,23 @@ async def _pass(
             snap = state.read_from(_indices(memo, indices), namespace, name)
             if snap is None:
                 return None
-            audit = stats and _audit_due(memo)
-            outcome = await loop.run_in_executor(_pool(memo), _work, memo, gate, namespace, name, snap, stats, audit)
+            slots = _slots(memo)
+            await slots.take(_priority(snap, stats), gate)
+            try:
+                # The state may have moved while this pass waited for a slot: a fresh snapshot
+                # holds whatever came meanwhile, so those triggers need no pass of their own.
+                gate.dirty = False
+                gate.pending.clear()
+                stats, gate.stats = stats or gate.stats, False
+                snap = state.read_from(_indices(memo, indices), namespace, name)
+                if snap is None:
+                    return None
+                audit = stats and _audit_due(memo)
+                outcome = await loop.run_in_executor(
+                    _pool(memo), _work, memo, gate, namespace, name, snap, stats, audit
+                )
+            finally:
+                slots.give()
             stats = False
             if outcome is not None:  # every pass reports its own actions, also the coalesced ones
                 gate.written.update(outcome.versions)
@@ -269,6 +366,9 @@ async def _pass(
                         sorted(outcome.status) or "-",
                     )
             if not gate.dirty:
+                return outcome
+            if handoff and _worker is not None:
+                _worker.wake((namespace, name))
                 return outcome
     finally:
         gate.running = False
@@ -326,6 +426,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     memo.kube.api.rest_client.pool_manager.connection_pool_kw["maxsize"] = max(WORKERS, 4)
     _state(memo)
     _pool(memo)
+    _slots(memo)  # here, on the memo kopf copies for each handler call: one set of slots for all
     with _gates_lock:
         _gates.clear()  # a new run (tests restart in one process): no pass of ours wrote anything yet
     rules.warm_up()
@@ -429,7 +530,7 @@ async def converge(namespace: str | None, name: str, memo: Any, logger: Any, uid
     if _worker is not None:
         _worker.adopt(key)  # periodic passes from now on
     try:
-        outcome = await _pass(memo, kw, namespace, name, stats=False, logger=logger)
+        outcome = await _pass(memo, kw, namespace, name, stats=False, logger=logger, handoff=True)
     except ApiError as err:
         raise kopf.TemporaryError(str(err), delay=RETRY_DELAY_SECONDS) from err
     if outcome is not None and outcome.error:
