@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERIES, HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
@@ -121,15 +122,15 @@ def chat(router: str, body: dict[str, Any], api_key: str, conversation_id: str) 
     return Reply("".join(text), ttft, (time.perf_counter() - start) * 1000, prompt_tokens, reuse)
 
 
-def document(prefill_cache: bool) -> dict[str, Any]:
-    """The local CR (examples/local-cpu.yaml, embedded in pdx), tenants by API key."""
+def document(prefill_cache: bool, path: Path | None = None) -> dict[str, Any]:
+    """The local CR (`path`, else examples/local-cpu.yaml, embedded in pdx), tenants by API key."""
     from pdx.local import default_document
 
-    doc = copy.deepcopy(default_document())
+    doc = copy.deepcopy(default_document()) if path is None else yaml.safe_load(path.read_text())
     spec = doc["spec"]
-    spec["router"]["tenancy"] = {"identity": "apiKey", "cacheIsolation": "tenant"}
+    spec.setdefault("router", {})["tenancy"] = {"identity": "apiKey", "cacheIsolation": "tenant"}
     spec["router"]["reuseHeaders"] = True
-    spec["prefill"]["prefixCaching"] = prefill_cache
+    spec.setdefault("prefill", {})["prefixCaching"] = prefill_cache
     return doc
 
 
@@ -158,7 +159,7 @@ def run_block(
     for turn in range(1, args.turns + 1):
         for c, conv in enumerate(work.conversations):
             body: dict[str, Any] = {
-                "model": "pdx-tiny",
+                "model": args.model,
                 "messages": conv.messages_for(turn, answers[c]),
                 "stream": True,
                 "stream_options": {"include_usage": True},
@@ -258,6 +259,7 @@ def markdown(headers: tuple[str, ...], body: list[tuple[str, ...]]) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-f", "--file", type=Path, help="the local CR (default: examples/local-cpu.yaml, embedded)")
     p.add_argument("--tenants", type=int, default=3)
     p.add_argument("--conversations", type=int, default=2, help="conversations per tenant")
     p.add_argument("--lengths", default="1000,2000,4000", help="system prompt tokens, a block each")
@@ -277,12 +279,13 @@ def main() -> int:
     records: list[Request] = []
     started, load = time.time(), [Path("/proc/loadavg").read_text().split()[0]]
     for setting in settings:
-        doc = document(setting == "on")
+        doc = document(setting == "on", args.file)
+        args.model = doc["spec"]["model"].get("servedModelName") or "pdx-tiny"
         state = Path(tempfile.mkdtemp(prefix=f"pdx-tenants-{setting}-"))
         with LocalTopology(with_isolation(doc, "tenant"), state_dir=state) as topo:
             counter_ = HFTokenizerCounter.from_file(Path(topo.model_dir))
             running = "tenant"
-            warm = {"model": "pdx-tiny", "messages": [{"role": "user", "content": "warm up " * 200}],
+            warm = {"model": args.model, "messages": [{"role": "user", "content": "warm up " * 200}],
                     "stream": True, "max_tokens": 8, "temperature": 0}  # fmt: skip
             chat(topo.router_url, warm, "warmup", "warmup")
             for i, length in enumerate(lengths):
