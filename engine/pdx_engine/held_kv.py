@@ -144,6 +144,13 @@ class Holds:
         """The holds no router claims now, youngest last."""
         return [hold for hold, claims in self._held.items() if claims == 0]
 
+    def came_back(self, hold: str) -> None:
+        """``hold``'s conversation came back without a claim (its next turn ran on decode from
+        its prefix cache, `supersede`): that measures its gap between turns, as a claim does."""
+        born = self._born.pop(hold, None)
+        if born is not None:
+            self._gaps.append(self.clock() - born)
+
     def release_claim(self, ids: list[str]) -> None:
         for hold in ids:
             if self._held.get(hold, 0) > 0:
@@ -333,9 +340,12 @@ def supersede(scheduler: Any, holds: Holds, hold: str) -> None:
     """Release the unclaimed holds that the new ``hold`` covers (`_covers`): a conversation's
     earlier turn whose next turn ran on decode from its prefix cache (a decode-local turn, or a
     recompute that landed there). The router reads only the newer; the older would keep its
-    blocks pinned twice over, and as the older hold it would outlive the newer under pressure."""
+    blocks pinned twice over, and as the older hold it would outlive the newer under pressure.
+    Its conversation came back: the gap is measured, so that without claims (decode-local turns
+    make none) the valve still tells ended conversations from live ones (`Holds.victim`)."""
     for other in holds.unclaimed():
         if other != hold and _covers(scheduler, hold, other):
+            holds.came_back(other)
             release(scheduler, holds, other, pressure=False)
 
 

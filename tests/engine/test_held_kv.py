@@ -488,3 +488,21 @@ def test_shortening_is_off_unless_turned_on(raw: str, on: bool) -> None:
 def test_a_bad_shortening_setting_names_the_variable_and_the_fix() -> None:
     with pytest.raises(ValueError, match=r"PDX_HELD_KV_SHORTEN='yes': expected 1 .* or 0 .*, or unset it"):
         held_kv.shorten_from_env({held_kv.SHORTEN_ENV: "yes"})
+
+
+def test_conversations_that_come_back_on_decode_measure_the_gap_so_an_ended_one_goes_first(
+    patched: type[FakeScheduler],
+) -> None:
+    # Decode-local turns make no claims: a superseded hold's turn is the conversation's return.
+    sched = patched(blocks=200)
+    holds: Holds = sched._pdx_holds  # type: ignore[attr-defined]
+    clock = Clock()
+    holds.clock = clock
+    _finish_turn(sched, "ended", 2, tokens=[900, 901])
+    for c in range(4):
+        _finish_turn(sched, f"c{c}-1", 2, tokens=[c, 100 + c])
+        clock.now += 10.0
+        _turn_sharing(sched, f"c{c}-2", f"c{c}-1", shared=2, new=1, tokens=[c, 100 + c, 200 + c])
+    assert holds.typical_gap() == pytest.approx(10.0)
+    clock.now += 30.0  # "ended" has been idle for over twice the typical gap
+    assert holds.victim() == "ended"
