@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .records import RequestRecord
-from .report import markdown, percentile
+from .report import cell, markdown, percentile
 from .workload import SuffixMix
 
 CLASSES = ("local", "D->P", "recompute", "released")
@@ -113,10 +113,6 @@ def bucket_rows(records: Sequence[RequestRecord], mix: SuffixMix) -> list[Bucket
     return out
 
 
-def _f(v: float, fmt: str = "{:.0f}") -> str:
-    return "-" if v != v else fmt.format(v)
-
-
 HEADERS = (
     "leg", "prefix", "suffix bucket", "n", "suffix p50", "local", "D->P", "recompute", "released",
     "TTFT p50", "TTFT p90", "OFF p50", "OFF/ON", "bound p50", "ON/bound",
@@ -130,14 +126,14 @@ def table_rows(rows: Sequence[BucketRow]) -> list[tuple[str, ...]]:
             str(r.prefix_tokens),
             r.bucket,
             str(r.n),
-            _f(r.new_tokens_p50),
+            cell(r.new_tokens_p50),
             *(f"{r.outcomes[c]} ({100 * r.share(c):.0f}%)" if r.outcomes[c] else "0" for c in CLASSES),
-            _f(r.ttft_p50),
-            _f(r.ttft_p90),
-            _f(r.off_p50),
-            _f(r.off_over_on, "{:.2f}x"),
-            _f(r.bound_p50),
-            _f(r.on_over_bound, "{:.2f}x"),
+            cell(r.ttft_p50),
+            cell(r.ttft_p90),
+            cell(r.off_p50),
+            cell(r.off_over_on, "{:.2f}x"),
+            cell(r.bound_p50),
+            cell(r.on_over_bound, "{:.2f}x"),
         )
         for r in rows
     ]

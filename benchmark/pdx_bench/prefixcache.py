@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .report import markdown
+from .report import cell, markdown
 
 OFF, CACHE, ON, ON_CACHE = "plain", "cache", "bidir", "bidir-cache"
 LEGS = (OFF, CACHE, ON, ON_CACHE)
@@ -113,10 +113,6 @@ def read_run(path: Path) -> Run:
     return run_from_summary(path.name, json.loads((path / "summary.json").read_text()))
 
 
-def _f(v: float | None, fmt: str = "{:.0f}") -> str:
-    return "-" if v is None or v != v else fmt.format(v)
-
-
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.0f}%"
 
@@ -128,8 +124,8 @@ def ttft_rows(run: Run) -> list[tuple[str, ...]]:
         row = [str(live)]
         for leg in run.legs:
             p = run.point(leg, live)
-            row.append("-" if p is None else f"{_f(p.ttft_p50)} / {_f(p.ttft_p90)}")
-        row.append(_f(gain(run, live), "{:.2f}x"))
+            row.append("-" if p is None else f"{cell(p.ttft_p50)} / {cell(p.ttft_p90)}")
+        row.append(cell(gain(run, live), "{:.2f}x"))
         out.append(tuple(row))
     return out
 

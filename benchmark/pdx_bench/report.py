@@ -105,7 +105,8 @@ def summarize(records: Sequence[RequestRecord], min_turn: int = 2) -> list[Row]:
     return rows
 
 
-def _f(v: float | None, fmt: str = "{:.0f}") -> str:
+def cell(v: float | None, fmt: str = "{:.0f}") -> str:
+    """A table cell: the figure formatted, or - for None and NaN."""
     if v is None or v != v:  # None or NaN
         return "-"
     return fmt.format(v)
@@ -125,16 +126,16 @@ def table_rows(rows: Sequence[Row]) -> list[tuple[str, ...]]:
         out.append(
             (
                 str(r.length),
-                _f(prompt),
+                cell(prompt),
                 n,
-                _f(r.off.ttft_p50 if r.off else None),
-                _f(r.off.ttft_p90 if r.off else None),
-                _f(r.on.ttft_p50 if r.on else None),
-                _f(r.on.ttft_p90 if r.on else None),
-                _f(r.ratio, "{:.2f}x"),
-                _f(r.on.hit_rate * 100 if r.on else None, "{:.0f}%"),
-                _f(r.bound.ttft_p50 if r.bound else None),
-                _f(r.on_over_bound, "{:.2f}x"),
+                cell(r.off.ttft_p50 if r.off else None),
+                cell(r.off.ttft_p90 if r.off else None),
+                cell(r.on.ttft_p50 if r.on else None),
+                cell(r.on.ttft_p90 if r.on else None),
+                cell(r.ratio, "{:.2f}x"),
+                cell(r.on.hit_rate * 100 if r.on else None, "{:.0f}%"),
+                cell(r.bound.ttft_p50 if r.bound else None),
+                cell(r.on_over_bound, "{:.2f}x"),
             )
         )
     return out

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .records import RequestRecord, read_records
-from .report import markdown, percentile
+from .report import cell, markdown, percentile
 
 # The seed's Qwen3-32B figures (ms, means over follow-up turns per prompt length), as its text
 # states them: TTFT OFF and ON, and the prefill time (compute + D->P transfer for ON).
@@ -38,10 +38,6 @@ def _summary(part: Path) -> dict[str, Any] | None:
         return None
     data: dict[str, Any] = json.loads(path.read_text())
     return data
-
-
-def _f(v: float | None, fmt: str = "{:.0f}") -> str:
-    return "-" if v is None or v != v else fmt.format(v)
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -85,10 +81,10 @@ def seed_table(sweep: Path) -> tuple[str, dict[str, Any]]:
         data.append(row)
         rows.append(
             (
-                str(n), _f(prompt), _f(row["seed_off_mean"]), _f(row["seed_on_mean"]),
-                _f(row["seed_off_over_on"], "{:.2f}x"), _f(row["off_mean"]), _f(row["on_mean"]),
-                _f(row["off_over_on"], "{:.2f}x"), _f(row["off_p50"]), _f(row["on_p50"]), _f(row["bound_p50"]),
-                _f(row["on_over_bound"], "{:.2f}x"), _f(row["first_on_over_off"], "{:.3f}x"),
+                str(n), cell(prompt), cell(row["seed_off_mean"]), cell(row["seed_on_mean"]),
+                cell(row["seed_off_over_on"], "{:.2f}x"), cell(row["off_mean"]), cell(row["on_mean"]),
+                cell(row["off_over_on"], "{:.2f}x"), cell(row["off_p50"]), cell(row["on_p50"]), cell(row["bound_p50"]),
+                cell(row["on_over_bound"], "{:.2f}x"), cell(row["first_on_over_off"], "{:.3f}x"),
             )
         )  # fmt: skip
     headers = (
@@ -101,7 +97,7 @@ def seed_table(sweep: Path) -> tuple[str, dict[str, Any]]:
     text += (
         f"\n\nThe seed: {SEED_SETUP}; its text gives the 2k and 24k ends (means). Here: follow-up turns (turn >= 2), "
         "ms; turn 1 ON/OFF: first turns' p50, ON over OFF (target at most 1.03x). "
-        f"ON p50 growth from 8k to 24k: {_f(growth, '{:.2f}x')} (target at most 1.5x)."
+        f"ON p50 growth from 8k to 24k: {cell(growth, '{:.2f}x')} (target at most 1.5x)."
     )
     return text, {"rows": data, "on_growth_8k_24k": growth}
 
@@ -113,9 +109,9 @@ def _rows_table(summary: dict[str, Any]) -> str:
         off, on, bound = r.get("off") or {}, r.get("on") or {}, r.get("bound") or {}
         body.append(
             (
-                str(r["length"]), _f(off.get("ttft_p50")), _f(off.get("ttft_p90")), _f(on.get("ttft_p50")),
-                _f(on.get("ttft_p90")), _f(r.get("ratio"), "{:.2f}x"), _f(bound.get("ttft_p50")),
-                _f(r.get("on_over_bound"), "{:.2f}x"),
+                str(r["length"]), cell(off.get("ttft_p50")), cell(off.get("ttft_p90")), cell(on.get("ttft_p50")),
+                cell(on.get("ttft_p90")), cell(r.get("ratio"), "{:.2f}x"), cell(bound.get("ttft_p50")),
+                cell(r.get("on_over_bound"), "{:.2f}x"),
             )
         )  # fmt: skip
     return markdown(headers, body)
@@ -144,8 +140,8 @@ def _agentic_table(summary: dict[str, Any]) -> str:
         body.append(
             (
                 r["leg"], r["bucket"], str(r["n"]), str(o["local"]), str(o["D->P"]), str(o["recompute"]),
-                str(o["released"]), _f(r["ttft_p50"]), _f(r["off_p50"]), _f(r["bound_p50"]),
-                _f(r["on_over_bound"], "{:.2f}x"),
+                str(o["released"]), cell(r["ttft_p50"]), cell(r["off_p50"]), cell(r["bound_p50"]),
+                cell(r["on_over_bound"], "{:.2f}x"),
             )
         )  # fmt: skip
     return markdown(headers, body) + f"\n\n{block['mix']}"
@@ -159,8 +155,8 @@ def _points_table(summary: dict[str, Any]) -> str:
         held = "-" if p.get("releases") is None else f"{p['releases']}/{p['waited_on_held']}"
         body.append(
             (
-                p["leg"], str(p["prefix_tokens"]), _f(p.get("live")), str(p["n"]), _f(p["ttft_p50"]),
-                _f(p["ttft_p90"]), _f(p.get("ttft_p99")), outcomes, _f(p.get("overcommit"), "{:.1f}x"), held,
+                p["leg"], str(p["prefix_tokens"]), cell(p.get("live")), str(p["n"]), cell(p["ttft_p50"]),
+                cell(p["ttft_p90"]), cell(p.get("ttft_p99")), outcomes, cell(p.get("overcommit"), "{:.1f}x"), held,
             )
         )  # fmt: skip
     return markdown(headers, body)
@@ -185,14 +181,14 @@ def write(out: Path) -> Path:
     if steps:
         body = [
             (
-                s["part"], s["leg"], _f(s.get("estimate_s")), _f(s.get("seconds")),
+                s["part"], s["leg"], cell(s.get("estimate_s")), cell(s.get("seconds")),
                 "kept" if s.get("engines_kept") else ("started" if "seconds" in s else "-"),
                 s.get("skipped") or s.get("error", "")[:80] or ("complete" if s.get("complete") else "partial"),
             )
             for s in steps
         ]  # fmt: skip
         lines += ["## What ran", "", markdown(("part", "leg", "estimate s", "took s", "engines", "state"), body)]
-        lines += ["", f"Wave: {_f(status.get('seconds'))} s of {_f(status.get('plan', {}).get('budget_s'))} s.", ""]
+        lines += ["", f"Wave: {cell(status.get('seconds'))} s of {cell(status.get('plan', {}).get('budget_s'))} s.", ""]
     data: dict[str, Any] = {}
     if (out / "sweep").is_dir():
         text, data["sweep"] = seed_table(out / "sweep")
