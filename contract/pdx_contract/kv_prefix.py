@@ -97,15 +97,16 @@ def _packed(token_ids: Sequence[int], n: int) -> bytes:
     return ids.tobytes()
 
 
-def _seed(salt: str | None) -> bytes:
-    """Where a chain starts: nothing without a salt (as before salts), else the salt's digest."""
+def salt_seed(salt: str | None) -> bytes:
+    """Where a chain of digests starts: nothing without a salt (as before salts), else the
+    salt's digest. The engines' tokenize cache starts its chains here too."""
     return hashlib.blake2b(b"cache_salt\x00" + salt.encode(), digest_size=DIGEST_BYTES).digest() if salt else b""
 
 
 def digest_chain(token_ids: Sequence[int], n: int, block_size: int, salt: str | None = None) -> bytes:
     """The chained digests of the first n ids (n <= len), a DIGEST_BYTES piece per block,
     starting from the request's cache_salt."""
-    raw, out, last = _packed(token_ids, n), [], _seed(salt)
+    raw, out, last = _packed(token_ids, n), [], salt_seed(salt)
     step = 4 * block_size
     for start in range(0, 4 * n, step):
         last = hashlib.blake2b(last + raw[start : start + step], digest_size=DIGEST_BYTES).digest()

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
+from pdx_contract.kv_prefix import salt_seed
 from pdx_engine.import_hook import module_exists, on_import
 
 logger = logging.getLogger("vllm.pdx_plugin")
@@ -133,7 +134,7 @@ class PrefixTokens:
 def _chain(text: str, cuts: list[int], salt: str | None = None) -> list[bytes]:
     """One digest per cut, of all the text before it (after the salt): each chains the one before."""
     digests: list[bytes] = []
-    digest = hashlib.blake2b(b"cache_salt\x00" + salt.encode(), digest_size=16).digest() if salt else b""
+    digest = salt_seed(salt)
     start = 0
     for cut in cuts:
         digest = hashlib.blake2b(digest + text[start:cut].encode("utf-8", "surrogatepass"), digest_size=16).digest()
