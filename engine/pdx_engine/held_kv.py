@@ -331,7 +331,13 @@ def _covers(scheduler: Any, new: str, old: str) -> bool:
         return False
     old_ids, new_ids = old_req.all_token_ids, new_req.all_token_ids
     whole = len(old_ids) // size
-    if not old_ids or len(old_ids) > len(new_ids) or whole > len(theirs) or list(theirs[:whole]) != list(mine[:whole]):
+    if not old_ids or len(old_ids) > len(new_ids) or whole > min(len(theirs), len(mine)):
+        return False
+    # Checked for every unclaimed hold as each held turn ends (the scheduler's thread): the last
+    # whole block tells other conversations apart at once (a shared system prompt's blocks do not).
+    if whole and theirs[whole - 1] != mine[whole - 1]:
+        return False
+    if list(theirs[:whole]) != list(mine[:whole]):
         return False
     return list(old_ids[whole * size :]) == list(new_ids[whole * size : len(old_ids)])
 
