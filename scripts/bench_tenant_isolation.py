@@ -252,11 +252,6 @@ def rows(records: list[Request], by_length: bool) -> list[tuple[str, ...]]:
     return out
 
 
-def markdown(headers: tuple[str, ...], body: list[tuple[str, ...]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body])
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-f", "--file", type=Path, help="the local CR (default: examples/local-cpu.yaml, embedded)")
@@ -274,6 +269,7 @@ def main() -> int:
         p.error("--prefill-cache takes on and/or off; --tenants at least 2")
 
     from pdx.local.topology import LocalTopology
+    from pdx_bench.report import markdown
     from pdx_bench.workload import HFTokenizerCounter
 
     records: list[Request] = []
