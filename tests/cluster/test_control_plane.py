@@ -4,13 +4,15 @@ garbage-collector controllers act on what is applied, kwok plays the kubelet, an
 
 from __future__ import annotations
 
+import json
 import subprocess
+import time
 from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import CPU_NODES, GPU_NODES
-from tests.support.control_plane import ControlPlane, wait_for
+from tests.conftest import CPU_NODES, GPU_NODES
+from tests.support.control_plane import KWOK_NOT_READY, KWOK_STOP_AT_GRACE, ControlPlane, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -242,3 +244,103 @@ def test_nodes_stay_ready_on_their_kwok_leases(control_plane: ControlPlane) -> N
     assert gpu["status"]["allocatable"]["nvidia.com/gpu"] == "8"
     assert gpu["status"]["allocatable"]["vpc.amazonaws.com/efa"] == "16"
     assert {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"} in gpu["spec"]["taints"]
+
+
+# --- pdx's kwok stages (scripts/control-plane/kwok-stages.yaml) ----------------------------------
+
+
+def _pod(name: str, namespace: str, annotations: dict[str, str], grace: int = 30) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": "staged"}, "annotations": annotations},
+        "spec": {
+            "terminationGracePeriodSeconds": grace,
+            "containers": [{"name": "engine", "image": PAUSE}],
+        },
+    }
+
+
+def _condition(pod: dict[str, Any], kind: str) -> str | None:
+    found = [c["status"] for c in pod.get("status", {}).get("conditions", []) if c["type"] == kind]
+    return found[0] if found else None
+
+
+def _annotate(cp: ControlPlane, namespace: str, pod: str, key: str, value: str | None) -> None:
+    patch = {"metadata": {"annotations": {key: value}}}
+    cp.kubectl("patch", "pod", pod, "-n", namespace, "--type=merge", "-p", json.dumps(patch))
+
+
+def _gone(cp: ControlPlane, namespace: str, pod: str) -> bool:
+    return cp.kubectl("get", "pod", pod, "-n", namespace, check=False).returncode != 0
+
+
+def test_a_pod_annotated_not_ready_runs_unready_while_its_peer_goes_ready_and_follows_the_annotation(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    """A failing readiness probe, on demand: held out of Ready from the start, Ready once the
+    annotation goes, and out of Ready again when it comes back."""
+    cp = control_plane
+    key, value = KWOK_NOT_READY
+    cp.apply(_pod("held", namespace, {key: value}), _pod("peer", namespace, {}))
+    wait_for("the peer Ready", lambda: ready(cp.get("pod", "peer", "-n", namespace)))
+
+    held = wait_for(
+        "held Running, Ready False",
+        lambda: (
+            (p := cp.get("pod", "held", "-n", namespace))["status"].get("phase") == "Running"
+            and _condition(p, "Ready") == "False"
+            and p
+        ),
+    )
+    assert held["status"]["podIP"] and held["spec"]["nodeName"]  # started, with an address: unready only
+    assert [c["ready"] for c in held["status"]["containerStatuses"]] == [False]
+    assert ready(cp.get("pod", "peer", "-n", namespace))
+    time.sleep(2)  # kwok had its chance to make it Ready, and did not
+    assert _condition(cp.get("pod", "held", "-n", namespace), "Ready") == "False"
+
+    _annotate(cp, namespace, "held", key, None)
+    wait_ready_pods(cp, namespace, "app=staged", 2)
+    _annotate(cp, namespace, "held", key, value)
+    wait_for("held out of Ready again", lambda: _condition(cp.get("pod", "held", "-n", namespace), "Ready") == "False")
+    assert ready(cp.get("pod", "peer", "-n", namespace))
+
+
+def test_a_pod_that_asks_for_its_grace_period_stays_terminating_until_it_ends(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    """A preStop drain that uses its whole grace period: the pod stays (Running, with its
+    deletionTimestamp) until then; a pod without the annotation goes at once, as before."""
+    cp = control_plane
+    grace = 12
+    key, value = KWOK_STOP_AT_GRACE
+    cp.apply(_pod("draining", namespace, {key: value}, grace), _pod("quick", namespace, {}, grace))
+    wait_ready_pods(cp, namespace, "app=staged", 2)
+
+    deleted_at = time.monotonic()
+    cp.kubectl("delete", "pod", "draining", "quick", "-n", namespace, "--wait=false")
+    wait_for("quick gone", lambda: _gone(cp, namespace, "quick"), timeout=grace - 2, every=0.5)
+    pod = cp.get("pod", "draining", "-n", namespace)
+    assert time.monotonic() - deleted_at < grace  # still within its grace period
+    assert pod["metadata"]["deletionTimestamp"] and pod["metadata"]["deletionGracePeriodSeconds"] == grace
+    assert ready(pod)  # its containers run until they stop
+
+    wait_for("draining gone", lambda: _gone(cp, namespace, "draining"), timeout=60, every=0.5)
+    assert time.monotonic() - deleted_at >= grace - 1  # deletionTimestamp has whole seconds
+
+
+def test_a_finalizer_holds_a_pod_past_its_grace_period(control_plane: ControlPlane, namespace: str) -> None:
+    cp = control_plane
+    key, value = KWOK_STOP_AT_GRACE
+    held = _pod("held", namespace, {key: value}, grace=1)
+    held["metadata"]["finalizers"] = ["pdx.test/drain-in-progress"]
+    cp.apply(held)
+    wait_ready_pods(cp, namespace, "app=staged", 1)
+
+    cp.kubectl("delete", "pod", "held", "-n", namespace, "--wait=false")
+    time.sleep(4)  # the grace period is long over
+    assert cp.get("pod", "held", "-n", namespace)["metadata"]["deletionTimestamp"]
+
+    cp.kubectl("patch", "pod", "held", "-n", namespace, "--type=json",
+               "-p", '[{"op":"remove","path":"/metadata/finalizers"}]')  # fmt: skip
+    wait_for("held gone once the finalizer is removed", lambda: _gone(cp, namespace, "held"), timeout=30)

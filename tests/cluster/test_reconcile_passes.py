@@ -18,7 +18,7 @@ from pdx.controller.kube import Kube
 from pdx.controller.reconcile import reconcile
 from pdx.labels import APPLIED_HASH
 from pdx.spec import API_VERSION, KIND
-from tests.support.control_plane import ControlPlane, wait_for
+from tests.support.control_plane import KWOK_NOT_READY, ControlPlane, wait_for
 from tests.support.operator_cluster import OPERATOR_USER, Cluster, cr_document, expected_children
 
 pytestmark = pytest.mark.cluster
@@ -121,6 +121,43 @@ def test_ready_pods_are_published_and_a_pass_with_nothing_changed_writes_nothing
     assert _writes(control_plane, mark) == []
     assert control_plane.audit(OPERATOR_USER, mark)  # it did read
     assert cluster.versions(NAME) == versions
+
+
+def test_one_decode_of_two_ready_is_published_and_the_resource_is_ready_with_decode_partly_available(
+    cluster: Cluster, operator_kube: Kube
+) -> None:
+    """decode-1 runs (scheduled, with an address) but fails its readiness (kwok's stage holds it
+    out of Ready): the first pass that sees the pods publishes both prefills and decode-0 only,
+    and reports the resource Ready with decode PartiallyReady, 1/2."""
+    cluster.create(cr_document(NAME, cluster.ns))
+    cluster.run(NAME, operator_kube)
+    h = cluster.sts_hash(NAME, "prefill")
+    held = f"{NAME}-decode-1"
+    wait_for(f"{held} created", lambda: cluster.live("Pod", held))
+    key, value = KWOK_NOT_READY
+    cluster.kube.call("PATCH", f"{cluster.where()}/pods/{held}", body={"metadata": {"annotations": {key: value}}},
+                      content_type="application/merge-patch+json")  # fmt: skip
+
+    def one_decode_ready() -> bool:
+        pod = cluster.live("Pod", held)
+        conditions = {c["type"]: c["status"] for c in (pod or {}).get("status", {}).get("conditions", [])}
+        not_ready = pod is not None and pod["status"].get("phase") == "Running" and conditions.get("Ready") == "False"
+        return not_ready and all(
+            cluster.ready_pods(NAME, role, n) for role, n in (("prefill", 2), ("decode", 1), ("router", 1))
+        )
+
+    wait_for("prefill 2/2, decode 1/2, router 1/1 Ready", one_decode_ready)
+    out = cluster.run(NAME, operator_kube)
+
+    published = cluster.published(NAME)
+    assert sorted((e["role"], e["generation"]) for e in published) == [
+        ("decode", h), ("prefill", h), ("prefill", h)
+    ]  # fmt: skip
+    assert {e["name"] for e in published if e["role"] == "decode"} == {f"{NAME}-decode-0"}
+    c = cluster.conditions(NAME)
+    assert c["Ready"]["status"] == "True" and c["DecodeAvailable"]["reason"] == "PartiallyReady"
+    assert cluster.status(NAME)["decode"]["summary"] == "1/2"
+    assert "Ready" in [e.reason for e in out.events]
 
 
 def test_a_ttl_edit_moves_both_statefulsets_in_one_pass_and_the_endpoints_flip_once(

@@ -29,7 +29,7 @@ from pdx.controller import admission
 from pdx.render.router import ENDPOINTS_FILE
 from pdx_contract.endpoints import EndpointsDocument
 from tests.apiserver.test_rejections import DOCS, TABLE, document
-from tests.cluster.conftest import CPU_NODES, GPU_NODES
+from tests.conftest import CPU_NODES, GPU_NODES
 from tests.support.control_plane import ControlPlane, p5en_node, wait_for
 from tests.support.pdx_cluster import ROOT, Helm, ObjectWatch, Operator
 

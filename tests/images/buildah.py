@@ -2,7 +2,8 @@
 
 `buildah run --isolation chroot` is the one way to run an image on these machines (podman,
 crun and runc need setrlimit, which the sandbox refuses). It shares the host's network, so
-an image's server listens on loopback beside the test's fake engines and kmock.
+an image's server listens on loopback beside the test's fake engines, and the operator image
+reaches the session's control plane there.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Fixtures for the built-image tests: the images (built or cached) and kmock for the operator."""
+"""Fixtures for the built-image tests: the images (built or cached). The operator image runs
+against the session's real control plane (``control_plane``, ``cluster``: tests/conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.images import buildah
-from tests.operator.conftest import api, kmock_options  # noqa: F401  (fixtures for the operator image)
 
 _BUILT: dict[str, buildah.Image] = {}
 

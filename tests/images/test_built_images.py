@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import tomllib
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,11 +28,10 @@ import yaml
 from pdx.local.topology import free_port
 from pdx.render import config_hash, ready_engine, render
 from pdx.resource import load
-from pdx.spec import PLURAL
 from tests.images.buildah import ROOT, Image, container, run, run_argv
-from tests.operator.conftest import ApiServer, children, cr_document, create_cr, eventually, live
-from tests.operator.test_reconcile import EXPECTED
 from tests.router.helpers import LONG, assistant, stream_text, user
+from tests.support.control_plane import ControlPlane, wait_for, write_kubeconfig
+from tests.support.operator_cluster import Cluster, cr_document, expected_children
 
 pytestmark = pytest.mark.images
 
@@ -40,6 +40,7 @@ UID = 65532  # the renderer's and the chart's runAsUser
 _SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
 PACKAGES = {name: ROOT / folder for name, folder in _SETUPTOOLS["package-dir"].items()}
 NAMES = ("operator", "router")
+NAME = "demo"
 
 
 @pytest.fixture(params=NAMES)
@@ -246,72 +247,93 @@ async def _two_streamed_turns(url: str, model: str) -> None:
     assert stats["reuse"]["local"] == 1 and stats["reuse"]["hit"] == 0 and stats["reuse"]["miss"] == 1, stats
 
 
-# -- the operator image reconciles a resource against kmock --------------------------------
+# -- the operator image reconciles a resource on the session's real control plane -----------
 
 
 @dataclass
 class Running:
-    proc: asyncio.subprocess.Process
+    proc: subprocess.Popen[bytes]
     log: Path
 
     def alive(self) -> bool:
-        assert self.proc.returncode is None, (
+        assert self.proc.poll() is None, (
             f"operator image exited {self.proc.returncode}: {self.log.read_text()[-3000:]}"
         )
         return True
 
 
 @pytest.fixture
-async def operator_image(images: dict[str, Image], api: ApiServer, tmp_path: Path) -> AsyncIterator[Running]:
-    """The operator image's own ENTRYPOINT and CMD, logged in through a mounted kubeconfig."""
+def operator_image(
+    images: dict[str, Image], control_plane: ControlPlane, cluster: Cluster, tmp_path: Path
+) -> Iterator[Running]:
+    """The operator image's own ENTRYPOINT and CMD (every namespace), logged in to the session's
+    control plane through a mounted kubeconfig: a client certificate from its CA, in
+    system:masters (the chart's own identity is the user flow's, tests/cluster/test_user_flow.py).
+    Stopped before ``cluster`` removes what it made."""
     folder = tmp_path / "kube"
     folder.mkdir(mode=0o755)
-    (folder / "config").write_text(
-        yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "kmock", "cluster": {"server": str(api.url).rstrip("/")}}],
-            "users": [{"name": "kmock", "user": {"token": "test"}}],
-            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
-            "current-context": "kmock",
-        })
-    )  # fmt: skip
+    host = json.loads(control_plane.user_kubeconfig("pdx-operator-image", ["system:masters"]).read_text())
+    user = host["users"][0]["user"]
+    files = {
+        "ca.crt": host["clusters"][0]["cluster"]["certificate-authority"],
+        "client.crt": user["client-certificate"],
+        "client.key": user["client-key"],
+    }
+    for name, source in files.items():
+        shutil.copyfile(source, folder / name)
+        (folder / name).chmod(0o644)  # read by the image's user; a test CA's key, gone with the session
+    inside = Path("/etc/kube")
+    write_kubeconfig(
+        folder / "config",
+        control_plane.url,  # loopback: `buildah run` shares the host's network
+        inside / "ca.crt",
+        {"client-certificate": str(inside / "client.crt"), "client-key": str(inside / "client.key")},
+    )
     (folder / "config").chmod(0o644)
     image = images["operator"]
     log = tmp_path / "operator.log"
     with container(image) as ctr, log.open("wb") as out:
-        argv = run_argv(ctr, image.argv(), mounts={folder: "/etc/kube"}, env={"KUBECONFIG": "/etc/kube/config"})
-        proc = await asyncio.create_subprocess_exec(*argv, stdout=out, stderr=out, start_new_session=True)
+        argv = run_argv(ctr, image.argv(), mounts={folder: str(inside)}, env={"KUBECONFIG": str(inside / "config")})
+        proc = subprocess.Popen(argv, stdout=out, stderr=out, start_new_session=True)
         try:
             yield Running(proc, log)
         finally:
             # buildah run forwards the TERM, then reports the stopped command as "killed" (exit
             # 1); a crash while running fails the test's own checks.
+            proc.poll()
             _stop(proc)
-            await asyncio.wait_for(proc.wait(), timeout=30)
+            proc.wait(timeout=30)
 
 
-async def test_operator_image_applies_the_children_and_writes_status(
-    api: ApiServer, operator_image: Running, images: dict[str, Image]
+def test_operator_image_applies_the_children_and_writes_status(
+    operator_image: Running, cluster: Cluster, images: dict[str, Image]
 ) -> None:
+    """The image's kopf, from its own CMD, reconciles a resource on the real API server: every
+    child applied and owned by it, pods made by the real controllers and Ready through kwok,
+    and the status (READY True, 2/2 per role) written through the status subresource."""
     liveness = next(a for a in images["operator"].argv() if a.startswith("--liveness="))
     port = int(liveness.rsplit(":", 1)[1].split("/")[0])  # --liveness=http://0.0.0.0:PORT/healthz
     alive = operator_image.alive
-    # Created once kopf watches: kmock replays a listed object as a watch event too, and kopf's
-    # second finalizer patch then loses to its first until the next event (the 30 s resync).
-    await eventually(lambda: alive() and _watching(api, PLURAL), timeout=60, what="the operator's watch")
-    await create_cr(api, cr_document())
-    await eventually(lambda: alive() and set(children(api)) == EXPECTED, timeout=60, what="children")
-    await eventually(lambda: alive() and bool(_status(api).get("conditions")), timeout=30, what="status")
-    assert _status(api)["observedGeneration"] == 1
-    assert {c["type"] for c in _status(api)["conditions"]} >= {"Ready", "Progressing"}
-    assert await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/healthz") == 200
+    cr = cluster.create(cr_document(NAME, cluster.ns))
 
+    def applied() -> dict[tuple[str, str], dict[str, Any]] | None:
+        children = cluster.children(NAME) if alive() else {}
+        return children if set(children) == expected_children(NAME) else None
 
-def _watching(api: ApiServer, plural: str) -> bool:
-    return any(r.url.path.endswith(f"/{plural}") and r.params.get("watch") == "true" for r in list(api))
-
-
-def _status(api: ApiServer) -> dict[str, Any]:
-    status: dict[str, Any] = (live(api, "DisaggregatedInference", "demo") or {}).get("status") or {}
-    return status
-
+    children = wait_for("the children", applied, timeout=90)
+    assert all(c["metadata"]["ownerReferences"][0]["uid"] == cr["metadata"]["uid"] for c in children.values())
+    status = wait_for(
+        "status READY with every pod",
+        lambda: (
+            alive()
+            and (st := cluster.status(NAME)).get("ready") == "True"
+            and st.get("decode", {}).get("summary") == "2/2"
+            and st
+        ),
+        timeout=120,
+    )
+    assert status["observedGeneration"] == 1
+    assert status["prefill"]["summary"] == "2/2"
+    assert {c["type"] for c in status["conditions"]} >= {"Ready", "Progressing"}
+    assert len(cluster.published(NAME)) == 4  # both prefills and both decodes, Ready
+    assert _get(f"http://127.0.0.1:{port}/healthz") == 200

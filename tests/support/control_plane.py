@@ -9,7 +9,9 @@ Each component logs in as the identity the bootstrap RBAC policy expects
 bound to the ClusterRole kwok ships). The controller manager runs every default controller with
 per-controller service-account credentials. kwok plays the kubelet for nodes annotated
 ``kwok.x-k8s.io/node=fake``: they go Ready and keep their Lease, and pods bound to them go
-Running and Ready and are removed once deleted.
+Running and Ready and are removed once deleted, by pdx's pod stages
+(``scripts/control-plane/kwok-stages.yaml``): a pod annotated ``KWOK_NOT_READY`` stays Running
+but not Ready, one annotated ``KWOK_STOP_AT_GRACE`` stays Terminating for its grace period.
 
 ``admin_kubeconfig`` is ``system:masters``; ``user_kubeconfig(user, groups)`` mints a client
 certificate and ``service_account_kubeconfig(namespace, name)`` a token, for RBAC checks.
@@ -55,6 +57,8 @@ __all__ = [
     "BUILD_SCRIPT",
     "GPU_TAINT",
     "KWOK_ANNOTATION",
+    "KWOK_NOT_READY",
+    "KWOK_STOP_AT_GRACE",
     "BuildError",
     "ControlPlane",
     "build",
@@ -77,6 +81,13 @@ START_TIMEOUT_SECONDS = float(os.environ.get("PDX_CONTROL_PLANE_START_TIMEOUT", 
 CERT_DAYS = 30
 # Nodes kwok manages (and only those: a node without it is nobody's).
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+# pdx's kwok pod stages, which replace kwok's fast pod-ready and pod-delete: annotations a test
+# sets on a pod to hold it out of Ready (a failing readiness probe), or to keep it Terminating
+# until its grace period ends (a preStop drain that uses all of it) instead of removing it at once.
+KWOK_STAGES = ROOT / "scripts" / "control-plane" / "kwok-stages.yaml"
+KWOK_NOT_READY = ("kwok.pdx.dev/ready", "false")
+KWOK_STOP_AT_GRACE = ("kwok.pdx.dev/stop", "grace")
+KWOK_REPLACED_STAGES = ("pod-ready.yaml", "pod-delete.yaml")  # kwok's fast ones, from share/kwok
 # The taint GPU nodes carry; pdx's renderer tolerates key nvidia.com/gpu, Exists, NoSchedule.
 GPU_TAINT: dict[str, str] = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 # The API server's audit log records the requests of identities in this group, and nobody
@@ -370,11 +381,17 @@ def _die_with_parent() -> None:
 
 @dataclass
 class ControlPlane:
-    """etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok on loopback."""
+    """etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok on loopback.
+
+    ``workload_controllers=False`` starts etcd and the API server only: no controller makes pods,
+    Endpoints, ServiceAccounts or garbage-collects, no scheduler, no kwok (so no node goes Ready).
+    What the operator costs the real API server without the controllers' load (the benchmark's
+    counterpart of its kmock leg)."""
 
     bin_dir: Path
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="pdx-control-plane-")))
     keep_workdir: bool = False
+    workload_controllers: bool = True
     url: str = ""
     started_in: float = 0.0
     ports: dict[str, int] = field(default_factory=dict)
@@ -643,6 +660,8 @@ class ControlPlane:
             "--profiling=false",
         ])  # fmt: skip
         self._wait_healthy("kube-apiserver", f"{self.url}/readyz", self._admin_context())
+        if not self.workload_controllers:
+            return
 
         insecure = ssl.create_default_context()  # the components' self-signed serving certificates
         insecure.check_hostname = False
@@ -680,7 +699,10 @@ class ControlPlane:
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "kwok-controller"}],
         })  # fmt: skip
         kwok_config = self.workdir / "kwok.yaml"
-        stages = [p.read_text() for p in sorted((kwok_share / "stages").glob("*.yaml"))]
+        stages = [
+            p.read_text() for p in sorted((kwok_share / "stages").glob("*.yaml")) if p.name not in KWOK_REPLACED_STAGES
+        ]
+        stages.append(KWOK_STAGES.read_text())
         kwok_config.write_text(
             "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\noptions:\n"
             # kwok's defaults, which it does not apply to a configuration file's options
