@@ -25,14 +25,20 @@ class HeldFigures:
     releases: int
     waited: int
     trims: int = 0
+    lapsed: int = 0  # released with a claim whose lease ran out: a drop that never came
 
     def since(self, before: HeldFigures) -> HeldFigures:
-        return HeldFigures(self.releases - before.releases, self.waited - before.waited, self.trims - before.trims)
+        return HeldFigures(
+            self.releases - before.releases,
+            self.waited - before.waited,
+            self.trims - before.trims,
+            self.lapsed - before.lapsed,
+        )
 
 
 async def read_holds(session: aiohttp.ClientSession, decode_urls: Sequence[str]) -> HeldFigures | None:
     """The decodes' counters now; None when one has no holds route (no pdx plugin) or no answer."""
-    releases = waited = trims = 0
+    releases = waited = trims = lapsed = 0
     for url in decode_urls:
         try:
             async with session.post(
@@ -48,7 +54,8 @@ async def read_holds(session: aiohttp.ClientSession, decode_urls: Sequence[str])
         releases += answer.releases
         waited += answer.waited
         trims += answer.trims
-    return HeldFigures(releases, waited, trims) if decode_urls else None
+        lapsed += answer.lapsed
+    return HeldFigures(releases, waited, trims, lapsed) if decode_urls else None
 
 
 def held_demand(records: Sequence[RequestRecord], shared_tokens: int = 0) -> int:

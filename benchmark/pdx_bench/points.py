@@ -159,12 +159,12 @@ def source_mix(p: PointStats) -> str:
 
 HEADERS = (
     "leg", "prefix", "suffix", "live", "n", "TTFT p50", "TTFT p90", "TTFT p99", "outcomes", "P cache/D->P/computed %",
-    "new tok", "TPOT p50", "TPOT p90", "ITL p99", "TPOT n", "overcommit", "released/shortened/waited",
+    "new tok", "TPOT p50", "TPOT p90", "ITL p99", "TPOT n", "overcommit", "released/shortened/waited/lapsed",
 )  # fmt: skip
 
 
 def held_cell(p: PointStats) -> str:
-    return "-" if p.held is None else f"{p.held.releases}/{p.held.trims}/{p.held.waited}"
+    return "-" if p.held is None else f"{p.held.releases}/{p.held.trims}/{p.held.waited}/{p.held.lapsed}"
 
 
 def table_rows(points: Sequence[PointStats]) -> list[tuple[str, ...]]:
@@ -200,8 +200,9 @@ NOTE = (
     "prompt tokens beyond what decode held (hits: prompt - reused). TPOT: the background streams' mean time per "
     "token during each follow-up turn (one value per stream request and turn, at least 4 gaps); ITL p99: their "
     "inter-token gaps during those turns; TPOT n: how many values. overcommit: the point's conversations' "
-    "longest turns (prompt + answer) over decode's KV capacity. released/waited: holds decode released under "
-    "pressure, and requests it refused blocks while it kept held KV, during the point (its POST /v1/pdx/holds). "
+    "longest turns (prompt + answer) over decode's KV capacity. released/shortened/waited/lapsed: holds decode "
+    "released and shortened under pressure, requests it refused blocks while it kept held KV, and holds released "
+    "after their claim's lease ran out (a drop that never came), during the point (its POST /v1/pdx/holds). "
     "`-`: not measured."
 )
 
@@ -234,6 +235,7 @@ def to_json(p: PointStats) -> dict[str, object]:
         "releases": None if p.held is None else p.held.releases,
         "trims": None if p.held is None else p.held.trims,
         "waited_on_held": None if p.held is None else p.held.waited,
+        "lapsed_claims": None if p.held is None else p.held.lapsed,
         "sources": None
         if p.sources is None
         else {"local": p.sources.local, "remote": p.sources.remote, "computed": p.sources.computed},

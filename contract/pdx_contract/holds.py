@@ -11,6 +11,13 @@ that turn goes without reuse. A shortened one is read only up to its kept tokens
 Each answer also names the holds released early since the router last asked (``since``), so the
 next turn of a released conversation goes plain at once, without a claim.
 
+A drop can be lost (the router restarted mid-turn, its call failed), and a lost drop would pin
+the hold until the TTL (minutes) while new work waits. So a router that caps its reads
+(``lease``) gets claims that pin for a lease only: it lowers the read's
+``remote_blocks_expiry_time`` to the answer's ``claim_expiry``, and prefill's vLLM declines a
+read that would start within its safety margin (5 s) of it. A claim past its lease therefore
+has no read in flight, by the same clock guard vLLM's TTL rests on; decode may release it.
+
 Typed here once: the engine plugin serves these, the router sends them.
 """
 
@@ -35,6 +42,12 @@ class HoldsRequest(Document):
     release_claim: list[HoldId] = Field(default_factory=list, max_length=MAX_IDS)
     since: int = Field(default=0, ge=0)
     """The last `HoldsAnswer.seq` this caller saw: the answer names the releases after it."""
+    lease: bool = False
+    """The caller caps every read of the holds it claims here at the answer's `claim_expiry`
+    (prefill's `remote_blocks_expiry_time`: vLLM declines a read that would start within its
+    safety margin of it). Decode may then release such a claimed hold once the lease is over, so
+    a claim whose drop never comes (a router restarted or partitioned mid-turn) pins nothing for
+    long. A caller that does not cap reads leaves this false: its claims pin until dropped."""
 
 
 class HoldsAnswer(Document):
@@ -60,6 +73,14 @@ class HoldsAnswer(Document):
     are kept when ``since`` is ahead of ``seq``: the engine restarted)."""
     seq: int = Field(default=0, ge=0)
     """Early releases of either kind since the engine started: the caller's next ``since``."""
+    claim_expiry: float | None = None
+    """For a `lease` request that pinned anything: when those claims stop pinning, on decode's
+    clock (that of vLLM's `remote_blocks_expiry_time`)."""
+    claimed: int = Field(default=0, ge=0)
+    """Holds pinned by a claim now, after this request's claims and drops."""
+    lapsed: int = Field(default=0, ge=0)
+    """Holds released under pressure after their claims' lease ran out, since the engine started:
+    claims whose drop never came."""
     valve: bool = True
     """False when the plugin could not patch this vLLM: holds are then freed only by a read or
     the TTL, as without pdx, and claims always succeed while the TTL runs."""

@@ -13,6 +13,9 @@ remainder; by default a hold goes whole (`shorten_from_env` says why).
 Safety does not rest on a clock: a hold is released only while no router claims it
 (`pdx_contract.holds`). The router claims a hold before attaching it to a prefill request and
 drops the claim once prefill has answered, so no read is in flight on a hold that is released.
+A claim whose router caps the read at the claim's expiry (``lease``) pins for
+``PDX_HELD_KV_CLAIM_LEASE`` seconds at most (30 unless set; at least 10), so a drop that never
+comes (a router restarted mid-turn) costs a lease, not the TTL.
 A release frees the blocks in the scheduler at once and tells the worker (NIXL's own send
 deadline, set to the past) to forget them; the worker's later "sent" report is swallowed. A hold
 shortened while unclaimed reports its kept tokens in the next claim's answer, and the router
@@ -44,6 +47,9 @@ logger = logging.getLogger("vllm.pdx_plugin")
 ENV = "PDX_HELD_KV_VALVE"
 FRACTION_ENV = "PDX_HELD_KV_MAX_FRACTION"
 SHORTEN_ENV = "PDX_HELD_KV_SHORTEN"
+LEASE_ENV = "PDX_HELD_KV_CLAIM_LEASE"
+CLAIM_LEASE_S = 30.0  # a leased claim pins this long (`pdx_contract.holds`): reads start within seconds
+MIN_LEASE_S = 10.0  # vLLM's prefill declines reads within 5 s of the expiry: a shorter lease leaves no read
 SCHEDULER = "vllm.v1.core.sched.scheduler"
 ENGINE_CORE = "vllm.v1.engine.core"
 _MARK = "_pdx_held_kv"
@@ -74,6 +80,23 @@ def shorten_from_env(environ: Mapping[str, str] = os.environ) -> bool:
     return raw == "1"
 
 
+def lease_from_env(environ: Mapping[str, str] = os.environ) -> float:
+    """How long a leased claim pins its hold, in seconds."""
+    raw = environ.get(LEASE_ENV, "").strip()
+    if not raw:
+        return CLAIM_LEASE_S
+    try:
+        lease = float(raw)
+    except ValueError:
+        lease = float("nan")
+    if not lease >= MIN_LEASE_S:
+        raise ValueError(
+            f"{LEASE_ENV}={raw!r}: expected seconds, at least {MIN_LEASE_S:g} (prefill declines a read within 5 s"
+            f" of the claim's expiry), or unset it for {CLAIM_LEASE_S:g}"
+        )
+    return lease
+
+
 def max_fraction_from_env(environ: Mapping[str, str] = os.environ) -> float | None:
     """Held KV's largest share of the cache, or None (no cap)."""
     raw = environ.get(FRACTION_ENV, "").strip()
@@ -97,12 +120,18 @@ class Holds:
     """
 
     def __init__(
-        self, valve: bool = True, clock: Callable[[], float] = time.monotonic, shorten: bool = False
+        self,
+        valve: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        shorten: bool = False,
+        lease: float = CLAIM_LEASE_S,
     ) -> None:
         self.valve = valve
         self.shorten = shorten  # give up a hold's tail only; False: whole holds
         self.clock = clock
+        self.lease = lease  # seconds a leased claim pins (`pdx_contract.holds`)
         self._held: OrderedDict[str, int] = OrderedDict()  # hold id -> claims, least recently used first
+        self._pinned_until: dict[str, float] = {}  # claimed holds -> when their claims lapse (inf: never)
         self._born: dict[str, float] = {}  # hold id -> when its turn ended
         self._gaps: deque[float] = deque(maxlen=GAPS_KEPT)  # turn end -> the next turn's claim, seconds
         self._released: set[str] = set()  # freed early; the worker's "sent" report is still due
@@ -114,6 +143,7 @@ class Holds:
         self._release_log: deque[tuple[int, str]] = deque(maxlen=contract.MAX_IDS)
         self._waited: OrderedDict[str, None] = OrderedDict()  # the last WAITED_KEPT ids counted below
         self.waited = 0  # requests refused blocks at least once while decode kept held KV
+        self.lapsed = 0  # released under pressure with a claim whose lease had run out
 
     def __contains__(self, hold: str) -> bool:
         return hold in self._held
@@ -126,23 +156,36 @@ class Holds:
         self._held.move_to_end(hold)
         self._born[hold] = self.clock()
 
-    def claim(self, ids: list[str]) -> list[str]:
+    def claim(self, ids: list[str], leased: bool = False) -> list[str]:
         """Pin each id still held; the pinned ones, which also count as just used. A hold's first
-        claim measures its conversation's gap between turns."""
+        claim measures its conversation's gap between turns. A leased claim pins for `lease`
+        seconds at most; any other until it is dropped."""
         out = []
+        now = self.clock()
+        until = now + self.lease if leased else float("inf")
         for hold in ids:
             if hold in self._held:
                 born = self._born.pop(hold, None)
                 if born is not None:
-                    self._gaps.append(self.clock() - born)
+                    self._gaps.append(now - born)
                 self._held[hold] += 1
                 self._held.move_to_end(hold)
+                self._pinned_until[hold] = max(self._pinned_until.get(hold, until), until)
                 out.append(hold)
         return out
 
+    def _pinned(self, hold: str, claims: int, now: float) -> bool:
+        return claims > 0 and now < self._pinned_until.get(hold, float("inf"))
+
     def unclaimed(self) -> list[str]:
-        """The holds no router claims now, youngest last."""
-        return [hold for hold, claims in self._held.items() if claims == 0]
+        """The holds no claim pins now (none taken, or every one past its lease), youngest last."""
+        now = self.clock()
+        return [hold for hold, claims in self._held.items() if not self._pinned(hold, claims, now)]
+
+    def claimed(self) -> int:
+        """Holds a claim pins now."""
+        now = self.clock()
+        return sum(self._pinned(hold, claims, now) for hold, claims in self._held.items())
 
     def came_back(self, hold: str) -> None:
         """``hold``'s conversation came back without a claim (its next turn ran on decode from
@@ -155,6 +198,8 @@ class Holds:
         for hold in ids:
             if self._held.get(hold, 0) > 0:
                 self._held[hold] -= 1
+                if self._held[hold] == 0:
+                    self._pinned_until.pop(hold, None)
 
     def refused(self, request_id: str) -> None:
         """A request found no room: counted once if held KV was there to blame (the valve off,
@@ -199,6 +244,7 @@ class Holds:
 
     def _forget(self, hold: str) -> None:
         self._held.pop(hold, None)
+        self._pinned_until.pop(hold, None)
         self._born.pop(hold, None)
         self._kept.pop(hold, None)
 
@@ -214,6 +260,8 @@ class Holds:
     def released(self, hold: str, pressure: bool = True) -> None:
         """``hold`` was freed early (under pressure, or superseded): forget it, and expect the
         worker to report it once more."""
+        if self._held.get(hold, 0) > 0:
+            self.lapsed += 1  # only a claim past its lease lets a claimed hold go
         self._forget(hold)
         self._released.add(hold)
         if pressure:
@@ -411,7 +459,9 @@ def _hold_of(request: Any) -> bool:
     return isinstance(params, dict) and not params.get("do_remote_decode")
 
 
-def patch_scheduler(module: Any, valve: bool, max_fraction: float | None = None, shorten: bool = False) -> bool:
+def patch_scheduler(
+    module: Any, valve: bool, max_fraction: float | None = None, shorten: bool = False, lease: float = CLAIM_LEASE_S
+) -> bool:
     """Install the bookkeeping and the valve on vLLM's Scheduler; True if patched now."""
     cls = getattr(module, "Scheduler", None)
     needed = ("_free_request", "_free_blocks", "_update_from_kv_xfer_finished")
@@ -425,7 +475,7 @@ def patch_scheduler(module: Any, valve: bool, max_fraction: float | None = None,
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        self._pdx_holds = Holds(valve, shorten=shorten)
+        self._pdx_holds = Holds(valve, shorten=shorten, lease=lease)
         manager = self.kv_cache_manager
         self._pdx_min_keep = _min_keep(self)
         manager.allocate_slots = wrap_allocate(self, self._pdx_holds, manager.allocate_slots, self._pdx_min_keep)
@@ -465,9 +515,12 @@ def answer(scheduler: Any, request: contract.HoldsRequest) -> contract.HoldsAnsw
     if holds is None:  # not patched: claims cannot pin anything, so none is granted
         return contract.HoldsAnswer(valve=False)
     holds.release_claim(list(request.release_claim))
-    held = holds.claim(list(request.claim))
+    held = holds.claim(list(request.claim), leased=request.lease)
     return contract.HoldsAnswer(
         held=held,
+        claim_expiry=time.perf_counter() + holds.lease if held and request.lease else None,
+        claimed=holds.claimed(),
+        lapsed=holds.lapsed,
         kept=holds.kept(held),
         held_blocks=held_blocks(scheduler, holds),
         capacity_blocks=int(scheduler.kv_cache_manager.block_pool.num_gpu_blocks),
@@ -498,9 +551,10 @@ def register() -> None:
     from pdx_engine.import_hook import module_exists, on_import
 
     valve, max_fraction, shorten = valve_from_env(), max_fraction_from_env(), shorten_from_env()
+    lease = lease_from_env()
     if not module_exists(SCHEDULER) or not module_exists(ENGINE_CORE):
         logger.error("pdx plugin: this vLLM has no %s; held KV is freed only by the TTL", SCHEDULER)
         return
-    on_import(SCHEDULER, lambda m: patch_scheduler(m, valve, max_fraction, shorten))
+    on_import(SCHEDULER, lambda m: patch_scheduler(m, valve, max_fraction, shorten, lease))
     on_import(ENGINE_CORE, patch_engine_core)
     holds_route.register()

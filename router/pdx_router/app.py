@@ -334,8 +334,9 @@ class Router:
         self, prefill: Endpoint, path: str, ask: ClientRequest, body: dict[str, Any], pinned: Pinned | None
     ) -> Any:
         """Prefill's answer's kv_transfer_params; the claim on the hold it read is dropped once
-        prefill has answered (or never will): its read, if any, is over. A hold prefill read
-        is freed by decode, claim and all: no drop (`holds.read_by_prefill`)."""
+        prefill has answered (or never will): its read, if any, is over. Dropped even after a
+        read, which should free the hold claim and all: a read's notice that decode's worker
+        does not take (vLLM logs "unrecognized request") would leave it pinned by the claim."""
         pkv: Any = None
         try:
             answer = await self._call(prefill, path, ask, body)
@@ -345,7 +346,7 @@ class Router:
                 raise MalformedAnswer(prefill, 200, "kv_transfer_params of the wrong shape")
             return pkv
         finally:
-            if pinned is not None and not holds.read_by_prefill(pkv if isinstance(pkv, dict) else None):
+            if pinned is not None:
                 self._drop_claim(pinned, ask)
 
     async def _claim(self, attempt: Attempt, ask: ClientRequest) -> Claimed | None:
@@ -367,7 +368,8 @@ class Router:
         self.metrics.claim(claim)
         pinned = (decode, hold) if claim is Claim.HELD else None
         kept = answer.kept.get(hold) if answer is not None else None
-        return Claimed(holds.after_claim(attempt, claim, kept), pinned)
+        expiry = answer.claim_expiry if answer is not None else None
+        return Claimed(holds.after_claim(attempt, claim, kept, expiry), pinned)
 
     def _drop_claim(self, pinned: Pinned, ask: ClientRequest) -> None:
         """Let decode release the hold again, off the turn's path (`claims`: with the next

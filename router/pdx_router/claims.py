@@ -33,8 +33,9 @@ async def holds_call(
     upstream: Upstream, decode: Endpoint, claim: list[str], drops: list[str], headers: dict[str, str]
 ) -> tuple[int, HoldsAnswer | None]:
     """POST /v1/pdx/holds: the status (0: no answer) and decode's answer, if it is one; the
-    holds it names as released early are noted on `decode` (`Endpoint.note_releases`)."""
-    request = HoldsRequest(claim=claim, release_claim=drops, since=decode.released_seq)
+    holds it names as released early are noted on `decode` (`Endpoint.note_releases`). Claims
+    are leased: the router caps each read at the answer's `claim_expiry` (`holds.after_claim`)."""
+    request = HoldsRequest(claim=claim, release_claim=drops, since=decode.released_seq, lease=True)
     try:
         head, raw = await upstream.post(decode, PATH, orjson.dumps(request.to_json()), headers, total=True)
         status, body = head.status, orjson.loads(raw)

@@ -85,3 +85,4 @@ async def test_decodes_counts_are_read_from_its_holds_route_and_absent_without_i
 
 def test_figures_change_over_a_point() -> None:
     assert HeldFigures(5, 2, 7).since(HeldFigures(3, 2, 1)) == HeldFigures(2, 0, 6)
+    assert HeldFigures(5, 2, 7, 3).since(HeldFigures(3, 2, 1, 1)) == HeldFigures(2, 0, 6, 2)

@@ -6,7 +6,8 @@ Decode gets a KV cache of a few conversations. When a new conversation does not 
 takes what it lacks from the youngest unclaimed hold at once (its conversation comes back
 last), from the hold's tail, instead of waiting out the TTL (600 s here); that conversation's
 next turn reads at most the kept prefix (or is `released` and recomputed), never a freed block,
-and its greedy output equals a recompute. A hold the router claimed is never touched under it.
+and its greedy output equals a recompute. A hold the router claimed is never touched under it,
+until its claim's lease is over: by then prefill declines to start the read.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -31,6 +33,8 @@ pytestmark = [pytest.mark.engines, pytest.mark.timeout(1200)]
 
 BLOCKS = 24  # decode's KV blocks of 128 tokens (one is vLLM's null block): ~2.9k tokens
 TTL = 600  # far above any turn here: a turn that waited for it would fail the test's timing
+LEASE = 10  # seconds a leased claim pins: the shortest the plugin allows (held_kv.MIN_LEASE_S)
+MARGIN = 5  # vLLM's prefill declines a read this close to its deadline (_KV_BLOCKS_EXPIRY_SAFETY_MARGIN)
 
 
 def document() -> dict[str, Any]:
@@ -41,6 +45,7 @@ def document() -> dict[str, Any]:
     spec["model"]["maxModelLen"] = 2048
     spec["decode"]["extraArgs"] = ["--num-gpu-blocks-override", str(BLOCKS)]
     spec["decode"].setdefault("env", {})[held_kv.SHORTEN_ENV] = "1"  # holds give up their tails only
+    spec["decode"]["env"][held_kv.LEASE_ENV] = str(LEASE)
     spec["kvTransfer"]["decoderKvBlocksTtlSeconds"] = TTL
     return doc
 
@@ -101,10 +106,21 @@ def test_held_conversations_yield_to_new_ones_and_a_released_one_recomputes_corr
     assert got.tokens == reference.tokens, f"{got.text!r} != {reference.text!r}"
 
 
+def hold_prompt(topic: str) -> str:
+    return " ".join(f"{topic} entry {i}: gauge {i % 5} shows {i * 11 % 89}." for i in range(70))
+
+
 def hold_on_decode(decode: str, topic: str) -> str:
     """A turn prefilled and decoded on decode itself (a decode-local turn, as the router sends
     it): decode keeps its KV for a later read and names the hold in its answer."""
-    prompt = " ".join(f"{topic} entry {i}: gauge {i % 5} shows {i * 11 % 89}." for i in range(70))
+    rid = held_params(decode, topic)["remote_request_id"]
+    assert isinstance(rid, str)
+    return rid
+
+
+def held_params(decode: str, topic: str) -> dict[str, Any]:
+    """`hold_on_decode`'s turn: the kv_transfer_params decode returns, what a prefill reads by."""
+    prompt = hold_prompt(topic)
     body = {
         "model": "pdx-tiny",
         "prompt": prompt,
@@ -116,11 +132,9 @@ def hold_on_decode(decode: str, topic: str) -> str:
         decode + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
     )
     with urllib.request.urlopen(req, timeout=600) as resp:
-        kv = json.loads(resp.read())["kv_transfer_params"]
+        kv: dict[str, Any] = json.loads(resp.read())["kv_transfer_params"]
     assert kv["remote_blocks_expiry_time"] is not None, kv  # bidirectional: decode holds it
-    rid = kv["remote_request_id"]
-    assert isinstance(rid, str)
-    return rid
+    return kv
 
 
 def test_a_claimed_hold_outlives_pressure_and_yields_once_the_claim_is_dropped(topo: LocalTopology) -> None:
@@ -140,3 +154,33 @@ def test_a_claimed_hold_outlives_pressure_and_yields_once_the_claim_is_dropped(t
     assert after.held == [] or pinned in after.kept, "an unclaimed hold did not yield"
     log = topo.log_path(topo.by_role("decode")[0].name).read_text()
     assert "held KV yields to new work under pressure (valve on)" in log
+
+
+def test_a_claim_whose_drop_never_comes_pins_its_hold_for_its_lease_and_no_read_starts_after_it(
+    topo: LocalTopology,
+) -> None:
+    prefill, decode = topo.engine_urls["prefill"][0], topo.engine_urls["decode"][0]
+    kv = held_params(decode, "mu")
+    hold = kv["remote_request_id"]
+    granted = holds(decode, contract.HoldsRequest(claim=[hold], lease=True))  # a router that then dies
+    assert granted.held == [hold] and granted.claim_expiry is not None and granted.claimed >= 1
+    # the read the router would have sent, capped at the lease, arrives too late: prefill declines it
+    time.sleep(max(0.0, granted.claim_expiry - MARGIN - time.perf_counter()) + 0.5)
+    late = {**kv, "remote_blocks_expiry_time": granted.claim_expiry}
+    body = {"model": "pdx-tiny", "prompt": hold_prompt("mu") + " Next?", "max_tokens": 1, "kv_transfer_params": late}
+    req = urllib.request.Request(
+        prefill + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=600):
+            pass
+    except urllib.error.HTTPError as exc:  # kvTransfer.loadFailurePolicy fail: the router retries plain
+        assert exc.code == 500, exc
+    log = topo.log_path(topo.by_role("prefill")[0].name).read_text()
+    assert "Declining expired remote read" in log
+    # past the lease the orphaned claim pins nothing (the valve may release the hold in its turn,
+    # tests/engine/test_held_kv.py), while the hold itself stays until pressure picks it
+    time.sleep(max(0.0, granted.claim_expiry - time.perf_counter()) + 0.5)
+    lapsed = holds(decode, contract.HoldsRequest())
+    assert lapsed.claimed == 0, lapsed
+    assert holds(decode, contract.HoldsRequest(claim=[hold], release_claim=[hold], lease=True)).held == [hold]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -506,3 +507,94 @@ def test_conversations_that_come_back_on_decode_measure_the_gap_so_an_ended_one_
     assert holds.typical_gap() == pytest.approx(10.0)
     clock.now += 30.0  # "ended" has been idle for over twice the typical gap
     assert holds.victim() == "ended"
+
+
+def test_a_leased_claim_pins_its_hold_until_the_lease_runs_out() -> None:
+    clock = Clock()
+    holds = Holds(clock=clock, lease=30.0)
+    holds.add("read-in-flight")
+    assert holds.claim(["read-in-flight"], leased=True) == ["read-in-flight"]
+    clock.now += 29.0
+    assert holds.victim() is None and holds.claimed() == 1
+    clock.now += 2.0  # its router never dropped the claim: the lease is over, no read may start
+    assert holds.victim() == "read-in-flight" and holds.claimed() == 0
+    holds.released("read-in-flight")
+    assert (holds.lapsed, holds.releases) == (1, 1)
+
+
+def test_a_claim_taken_again_pins_for_a_lease_from_the_latest_claim() -> None:
+    clock = Clock()
+    holds = Holds(clock=clock, lease=30.0)
+    holds.add("h")
+    holds.claim(["h"], leased=True)
+    clock.now += 20.0
+    holds.claim(["h"], leased=True)  # another router replica's turn claims it too
+    clock.now += 20.0
+    assert holds.victim() is None
+
+
+def test_a_claim_without_a_lease_pins_until_it_is_dropped() -> None:
+    clock = Clock()
+    holds = Holds(clock=clock, lease=30.0)
+    holds.add("h")
+    holds.claim(["h"])  # a router that does not cap its reads at the claim's expiry
+    clock.now += 1e6
+    assert holds.victim() is None
+    holds.release_claim(["h"])
+    assert holds.victim() == "h"
+    holds.released("h")
+    assert holds.lapsed == 0
+
+
+def test_a_dropped_claim_taken_again_without_a_lease_is_not_cut_short_by_the_old_lease() -> None:
+    clock = Clock()
+    holds = Holds(clock=clock, lease=30.0)
+    holds.add("h")
+    holds.claim(["h"], leased=True)
+    holds.release_claim(["h"])
+    holds.claim(["h"])
+    clock.now += 31.0
+    assert holds.victim() is None
+
+
+def test_the_claim_answer_names_the_lease_expiry_on_decodes_clock_and_counts_claims(
+    patched: type[FakeScheduler],
+) -> None:
+    sched = patched(blocks=6)
+    _finish_turn(sched, "a", 3)
+    before = time.perf_counter()
+    leased = held_kv.answer(sched, contract.HoldsRequest(claim=["a"], lease=True))
+    assert leased.held == ["a"] and leased.claimed == 1
+    assert leased.claim_expiry is not None
+    assert before + held_kv.CLAIM_LEASE_S <= leased.claim_expiry <= time.perf_counter() + held_kv.CLAIM_LEASE_S
+    unleased = held_kv.answer(sched, contract.HoldsRequest(claim=["a"]))
+    assert unleased.claim_expiry is None and unleased.claimed == 1
+    assert held_kv.answer(sched, contract.HoldsRequest(claim=["gone"], lease=True)).claim_expiry is None
+
+
+def test_a_request_finds_room_in_a_hold_whose_claim_lapsed_and_the_lapse_is_counted(
+    patched: type[FakeScheduler],
+) -> None:
+    sched = patched(blocks=6)
+    clock = Clock()
+    sched._pdx_holds.clock = clock  # type: ignore[attr-defined]
+    _finish_turn(sched, "orphan", 6)
+    held_kv.answer(sched, contract.HoldsRequest(claim=["orphan"], lease=True))  # its drop never comes
+    big = FakeRequest("big", finished=False)
+    sched.requests["big"] = big
+    assert sched.kv_cache_manager.allocate_slots(big, 6) is None  # pinned while a read may start
+    clock.now += held_kv.CLAIM_LEASE_S + 1
+    assert sched.kv_cache_manager.allocate_slots(big, 6) is not None
+    answer = held_kv.answer(sched, contract.HoldsRequest())
+    assert (answer.lapsed, answer.claimed, answer.waited) == (1, 0, 1)
+
+
+@pytest.mark.parametrize(("raw", "lease"), [("", held_kv.CLAIM_LEASE_S), ("45", 45.0), ("10", 10.0)])
+def test_the_claim_lease_is_read_from_the_environment(raw: str, lease: float) -> None:
+    assert held_kv.lease_from_env({held_kv.LEASE_ENV: raw}) == lease
+
+
+@pytest.mark.parametrize("raw", ["5", "0", "-1", "soon", "nan"])
+def test_a_bad_claim_lease_names_the_variable_and_the_fix(raw: str) -> None:
+    with pytest.raises(ValueError, match=rf"{held_kv.LEASE_ENV}=.*at least 10.*or unset it"):
+        held_kv.lease_from_env({held_kv.LEASE_ENV: raw})

@@ -5,10 +5,13 @@ a failed read), and an engine without the valve is read as before."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import aiohttp
 import pytest
+
+from pdx_router.testing.fake_engine import CLAIM_LEASE_S
 
 from .conftest import Stack, StackFactory
 from .helpers import LONG, assistant, chat, user
@@ -51,7 +54,7 @@ def holds_calls(s: Stack) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("conversation", [None, "c1"], ids=["by-history", "by-id"])
-async def test_a_read_is_claimed_first_and_decode_frees_what_prefill_read_without_a_drop(
+async def test_a_read_is_claimed_first_and_its_claim_dropped_after_prefill_answered(
     make_stack: StackFactory, http: aiohttp.ClientSession, conversation: str | None
 ) -> None:
     s = await make_stack(prefill_opts=CHECKS, decode_opts={**CHECKS, "valve": True})
@@ -63,8 +66,11 @@ async def test_a_read_is_claimed_first_and_decode_frees_what_prefill_read_withou
     assert s.cluster.unclaimed_reads == 0
     await asyncio.sleep(0.2)  # past the drops' flush
     assert not +s.cluster.claims and s.router.drops.pending() == 0
-    [claim] = holds_calls(s)  # the read hold went with its claim: one call for the turn
+    # dropped even though the read frees the hold: a read whose notice decode's worker does not
+    # take would otherwise leave the hold pinned by the claim
+    claim, drop = holds_calls(s)
     assert claim["claim"] != [] and claim["releaseClaim"] == []
+    assert drop["claim"] == [] and drop["releaseClaim"] == claim["claim"]
     assert 'pdx_router_held_kv_claims_total{answer="held"} 1.0' in await metrics(http, s)
 
 
@@ -213,3 +219,23 @@ async def test_a_hold_decode_shortened_is_read_only_up_to_what_it_kept(
     [read] = s.cluster.reads
     assert read.correct, read.reason
     assert read.tokens == kept * s.cluster.block_size and s.cluster.unclaimed_reads == 0
+
+
+async def test_a_claim_is_leased_and_prefill_is_told_to_start_the_read_before_the_lease_ends(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(prefill_opts=CHECKS, decode_opts={**CHECKS, "valve": True})
+    assert s.decode.opts.decode_ttl > CLAIM_LEASE_S  # so only the lease can set the read's deadline
+    first, msgs = await turn(http, s, [user(LONG)])
+    before = time.perf_counter()
+    second, _ = await turn(http, s, [*msgs, user("and then? " + LONG)])
+    assert (first, second) == ("miss", "hit")
+    [claim] = holds_calls(s)
+    assert claim["lease"] is True
+    [deadline] = [
+        body["kv_transfer_params"]["remote_blocks_expiry_time"]
+        for path, body in s.prefill.requests
+        if (body.get("kv_transfer_params") or {}).get("remote_request_id")
+    ]
+    assert before + CLAIM_LEASE_S <= deadline <= time.perf_counter() + CLAIM_LEASE_S
+    assert s.cluster.reads and all(r.correct for r in s.cluster.reads)

@@ -143,3 +143,27 @@ def test_a_shortened_hold_is_read_only_up_to_its_kept_tokens() -> None:
     assert after.reuse and after.outcome is Outcome.HIT and after.plan.reused_tokens == 32
     assert after.kv is not None and after.kv["remote_block_ids"] == [[100, 101]]
     assert holds.after_claim(retry.first_attempt(plan), Claim.HELD, 0).outcome is Outcome.RELEASED
+
+
+# ---------------------------------------------------------------- a leased claim
+
+
+def test_a_leased_claims_read_must_start_before_the_lease_ends() -> None:
+    plan = replace(PLAN, kv={**KV, "remote_blocks_expiry_time": 900.0})
+    after = holds.after_claim(retry.first_attempt(plan), Claim.HELD, expiry=530.0)
+    assert after.reuse and after.outcome is Outcome.HIT and after.plan.reused_tokens == 300
+    assert after.kv is not None and after.kv["remote_blocks_expiry_time"] == 530.0
+    assert plan.kv is not None and plan.kv["remote_blocks_expiry_time"] == 900.0  # the entry's copy is intact
+
+
+def test_a_lease_never_extends_the_holds_own_deadline() -> None:
+    kv = {**KV, "remote_blocks_expiry_time": 500.0}
+    assert holds.cap_expiry(kv, 530.0) == kv
+    assert holds.cap_expiry({**KV, "remote_blocks_expiry_time": None}, 530.0)["remote_blocks_expiry_time"] == 530.0
+
+
+def test_a_shortened_and_leased_hold_is_cut_and_capped() -> None:
+    plan = TurnPlan(Outcome.HIT, reused_tokens=100, kv=_held_kv(100), affinity="http://d0", checked_by_engines=True)
+    after = holds.after_claim(retry.first_attempt(plan), Claim.HELD, 32, expiry=75.0)
+    assert after.kv is not None and after.kv["remote_block_ids"] == [[100, 101]]
+    assert after.kv["remote_blocks_expiry_time"] == 75.0 and after.plan.reused_tokens == 32

@@ -24,7 +24,6 @@ from ..endpoints import Endpoint
 from ..tokens import infer_block_size
 from . import Outcome
 from .retry import Attempt
-from .reuse import checked_outcome
 
 
 class Claim(Enum):
@@ -122,15 +121,20 @@ def cut_to_kept(kv: dict[str, Any], tokens: int) -> dict[str, Any] | None:
     return out
 
 
-def after_claim(attempt: Attempt, claim: Claim, kept: int | None = None) -> Attempt:
+def after_claim(attempt: Attempt, claim: Claim, kept: int | None = None, expiry: float | None = None) -> Attempt:
     """The try to make once decode answered: reuse only what is pinned (or cannot be released),
-    and of a hold decode shortened (`kept` tokens left) only that prefix."""
-    if claim is Claim.HELD and kept is not None and attempt.plan.kv is not None:
-        cut = cut_to_kept(attempt.plan.kv, kept)
-        if cut is None:
+    of a hold decode shortened (`kept` tokens left) only that prefix, and no later than the
+    claim's lease (`expiry`, decode's clock: `cap_expiry`)."""
+    if claim is Claim.HELD and attempt.plan.kv is not None and (kept is not None or expiry is not None):
+        kv: dict[str, Any] | None = attempt.plan.kv
+        if kept is not None:
+            kv = cut_to_kept(attempt.plan.kv, kept)
+        if kv is None:
             return replace(attempt, outcome=Outcome.RELEASED, reuse=False)
-        plan = replace(attempt.plan, kv=cut, reused_tokens=min(attempt.plan.reused_tokens, kept))
-        return replace(attempt, plan=plan)
+        if expiry is not None:
+            kv = cap_expiry(kv, expiry)
+        reused = attempt.plan.reused_tokens if kept is None else min(attempt.plan.reused_tokens, kept)
+        return replace(attempt, plan=replace(attempt.plan, kv=kv, reused_tokens=reused))
     if claim in (Claim.HELD, Claim.NO_VALVE):
         return attempt
     if claim is Claim.UNREACHABLE:  # as a decode hop that cannot connect: another decode
@@ -138,9 +142,13 @@ def after_claim(attempt: Attempt, claim: Claim, kept: int | None = None) -> Atte
     return replace(attempt, outcome=Outcome.RELEASED, reuse=False)
 
 
-def read_by_prefill(prefill_kv: dict[str, Any] | None) -> bool:
-    """Prefill's answer says it read the hold (its check found a hit): decode frees a hold once
-    read, claim and all, so the claim needs no drop. A read whose notice to decode was lost
-    leaves the hold pinned until its TTL, as without pdx."""
-    outcome, tokens = checked_outcome(prefill_kv)
-    return outcome is Outcome.HIT and tokens > 0
+def cap_expiry(kv: dict[str, Any], expiry: float) -> dict[str, Any]:
+    """A copy of a hold's parameters whose read must start before the claim's lease ends: vLLM's
+    prefill declines a read within its safety margin of `remote_blocks_expiry_time`, and decode
+    may release the hold once the lease is over (`pdx_contract.holds`)."""
+    current = kv.get("remote_blocks_expiry_time")
+    out = dict(kv)
+    if not isinstance(current, (int, float)) or isinstance(current, bool) or expiry < current:
+        out["remote_blocks_expiry_time"] = expiry
+    return out
+

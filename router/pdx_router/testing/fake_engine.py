@@ -25,6 +25,7 @@ from pdx_contract import kv_prefix
 from pdx_router.chat_tokens import ChatTokenizer
 
 EOS = 2
+CLAIM_LEASE_S = 30.0  # the fake decode's claim lease, as pdx_engine.held_kv's default
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
 
@@ -259,7 +260,8 @@ class FakeEngine:
             self.cluster.unclaimed_reads += 1
         if held is None:
             return Read(engine, count, False, "decode holds no such request")
-        if time.perf_counter() > held.expiry - 5:
+        deadline = kv.get("remote_blocks_expiry_time")  # vLLM's reader goes by the params' deadline
+        if time.perf_counter() > min(held.expiry, deadline if isinstance(deadline, (int, float)) else held.expiry) - 5:
             return Read(engine, count, False, "expired")
         blocks = kv["remote_block_ids"][0]
         need = -(-count // self.cluster.block_size)
@@ -309,6 +311,8 @@ class FakeEngine:
         since = asked.since if asked.since <= self.releases else 0
         answer = holds_contract.HoldsAnswer(
             held=held,
+            claim_expiry=time.perf_counter() + CLAIM_LEASE_S if held and asked.lease else None,
+            claimed=sum(1 for (e, _), n in self.cluster.claims.items() if e == engine and n > 0),
             kept={rid: self.kept[rid] for rid in held if rid in self.kept},
             trims=self.trims,
             held_blocks=blocks,
