@@ -88,6 +88,11 @@ class HeldKvCounts(_Read):
     """Holds shortened early under pressure (tail freed, prefix kept), since each engine started."""
     waited: int = 0
     """Requests refused KV blocks while held KV was there, since each engine started."""
+    claimed: int = 0
+    """Holds a router's claim pins now."""
+    lapsed: int = 0
+    """Holds released after their claim's lease ran out (a drop that never came), since each
+    engine started."""
 
 
 class RouterStats(_Read):

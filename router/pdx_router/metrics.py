@@ -74,6 +74,17 @@ class DecodesHeldKv(Collector):
             " KV made new work wait (the valve off, or every hold claimed).",
             labels=["decode"],
         )
+        claimed = GaugeMetricFamily(
+            "pdx_router_decode_held_kv_claimed",
+            "Holds a router's claim pins now: a read is on its way (pdx_contract.holds).",
+            labels=["decode"],
+        )
+        lapsed = CounterMetricFamily(
+            "pdx_router_decode_held_kv_lapsed",
+            "Holds decode released after their claim's lease ran out, since the engine started: claims"
+            " whose drop never came (a router restarted mid-turn, a lost call).",
+            labels=["decode"],
+        )
         for ep in self.endpoints():
             answer = ep.held_kv
             if ep.role != "decode" or answer is None:
@@ -85,7 +96,9 @@ class DecodesHeldKv(Collector):
             releases.add_metric(name, answer.releases)
             trims.add_metric(name, answer.trims)
             waited.add_metric(name, answer.waited)
-        yield from (blocks, capacity, valve, releases, trims, waited)
+            claimed.add_metric(name, answer.claimed)
+            lapsed.add_metric(name, answer.lapsed)
+        yield from (blocks, capacity, valve, releases, trims, waited, claimed, lapsed)
 
 
 def decode_label(ep: Endpoint) -> str:
@@ -106,6 +119,8 @@ def held_kv_counts(endpoints: Sequence[Endpoint]) -> HeldKvCounts:
         releases=sum(a.releases for a in answers),
         trims=sum(a.trims for a in answers),
         waited=sum(a.waited for a in answers),
+        claimed=sum(a.claimed for a in answers),
+        lapsed=sum(a.lapsed for a in answers),
     )
 
 

@@ -183,11 +183,13 @@ async def test_each_health_check_polls_decodes_held_kv_for_metrics_stats_and_rel
     text = await metrics(http, s)
     assert 'pdx_router_decode_held_kv_valve{decode="' in text and "} 1.0" in text
     assert "pdx_router_decode_held_kv_releases_total{" in text and "pdx_router_decode_kv_capacity_blocks{" in text
+    assert "pdx_router_decode_held_kv_claimed{" in text and "pdx_router_decode_held_kv_lapsed_total{" in text
     assert s.decode_urls[0].split("//")[1] not in text  # clients read /metrics: no engine address
     async with http.get(s.url + "/v1/pdx/stats") as r:
         held = (await r.json())["heldKv"]
     assert held == {
         "decodes": 1, "valveOff": 0, "heldBlocks": 0, "capacityBlocks": 1024, "releases": 1, "trims": 0, "waited": 0,
+        "claimed": 0, "lapsed": 0,
     }  # fmt: skip
     calls = len(holds_calls(s))
     outcome, _ = await turn(http, s, [*msgs, user("and then? " + LONG)], "c1")
