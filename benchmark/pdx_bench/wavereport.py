@@ -148,11 +148,11 @@ def _agentic_table(summary: dict[str, Any]) -> str:
 
 
 def _points_table(summary: dict[str, Any]) -> str:
-    headers = ("leg", "prefix", "live", "n", "p50", "p90", "p99", "outcomes", "overcommit", "released/waited")
+    headers = ("leg", "prefix", "live", "n", "p50", "p90", "p99", "outcomes", "overcommit", "released/waited/lapsed")
     body = []
     for p in summary.get("points", []):
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(p["outcomes"].items()))
-        held = "-" if p.get("releases") is None else f"{p['releases']}/{p['waited_on_held']}"
+        held = "-" if p.get("releases") is None else f"{p['releases']}/{p['waited_on_held']}/{cell(p.get('lapsed_claims'))}"
         body.append(
             (
                 p["leg"], str(p["prefix_tokens"]), cell(p.get("live")), str(p["n"]), cell(p["ttft_p50"]),
