@@ -80,15 +80,20 @@ def shorten_from_env(environ: Mapping[str, str] = os.environ) -> bool:
     return raw == "1"
 
 
+def _number(raw: str) -> float:
+    """``raw`` as a float; NaN (which fails every range check) when it is not a number."""
+    try:
+        return float(raw)
+    except ValueError:
+        return float("nan")
+
+
 def lease_from_env(environ: Mapping[str, str] = os.environ) -> float:
     """How long a leased claim pins its hold, in seconds."""
     raw = environ.get(LEASE_ENV, "").strip()
     if not raw:
         return CLAIM_LEASE_S
-    try:
-        lease = float(raw)
-    except ValueError:
-        lease = float("nan")
+    lease = _number(raw)
     if not lease >= MIN_LEASE_S:
         raise ValueError(
             f"{LEASE_ENV}={raw!r}: expected seconds, at least {MIN_LEASE_S:g} (prefill declines a read within 5 s"
@@ -102,10 +107,7 @@ def max_fraction_from_env(environ: Mapping[str, str] = os.environ) -> float | No
     raw = environ.get(FRACTION_ENV, "").strip()
     if not raw:
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
+    value = _number(raw)
     if not 0 < value <= 1:
         raise ValueError(
             f"{FRACTION_ENV}={raw!r}: expected a share of decode's KV cache in (0, 1], e.g. 0.5, or unset it"
