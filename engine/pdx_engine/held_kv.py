@@ -52,6 +52,7 @@ CLAIM_LEASE_S = 30.0  # a leased claim pins this long (`pdx_contract.holds`): re
 MIN_LEASE_S = 10.0  # vLLM's prefill declines reads within 5 s of the expiry: a shorter lease leaves no read
 SCHEDULER = "vllm.v1.core.sched.scheduler"
 ENGINE_CORE = "vllm.v1.engine.core"
+CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector"
 _MARK = "_pdx_held_kv"
 WAITED_KEPT = 4096  # request ids remembered so a request refused over many steps counts once
 GAPS_KEPT = 64  # the last gaps between turns measured (their median decides what goes first)
@@ -511,6 +512,54 @@ def patch_scheduler(
     return True
 
 
+def _local_turn(params: Any) -> bool:
+    """A request that asks decode for neither read: a decode-local turn, prefilled on decode."""
+    return (
+        isinstance(params, dict)
+        and params.get("do_remote_decode") is False
+        and params.get("do_remote_prefill") is False
+        and not params.get("_remote_blocks_processed")
+    )
+
+
+def wrap_update_state_after_alloc(original: Callable[..., Any]) -> Callable[..., Any]:
+    """NIXL's scheduler-side ``update_state_after_alloc`` that also enters a decode-local turn in
+    the batch its worker tracks.
+
+    With bidirectional transfer decode holds every finished turn, the local ones included, but
+    vLLM's worker tracks a hold (frees it on prefill's read notice, or at its TTL) only for a
+    request that was in a batch with transfer parameters it acts on (``_reqs_in_batch``). A
+    local turn's request carries both flags false, so its hold was never tracked: prefill's read
+    notice was dropped ("unrecognized request") and neither the read nor the TTL freed it, only
+    the valve (never, with the valve off)."""
+
+    @functools.wraps(original)
+    def update_state_after_alloc(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        local = _local_turn(getattr(request, "kv_transfer_params", None))
+        out = original(self, request, *args, **kwargs)
+        sched = getattr(self, "connector_scheduler", None)
+        batch = getattr(sched, "_reqs_in_batch", None)
+        if local and getattr(sched, "is_bidirectional_kv_xfer_enabled", False) and isinstance(batch, set):
+            batch.add(request.request_id)
+        return out
+
+    return update_state_after_alloc
+
+
+def patch_connector(module: Any) -> bool:
+    """Track decode-local turns' holds in NIXL's worker (`wrap_update_state_after_alloc`)."""
+    cls = getattr(module, "NixlBaseConnector", None)
+    if cls is None or not hasattr(cls, "update_state_after_alloc"):
+        logger.error("pdx plugin: %s has no NixlBaseConnector; local turns' holds go by the valve only", CONNECTOR)
+        return False
+    if getattr(cls.update_state_after_alloc, _MARK, False):
+        return False
+    wrapped = wrap_update_state_after_alloc(cls.update_state_after_alloc)
+    setattr(wrapped, _MARK, True)
+    cls.update_state_after_alloc = wrapped
+    return True
+
+
 def answer(scheduler: Any, request: contract.HoldsRequest) -> contract.HoldsAnswer:
     """The EngineCore side of ``POST /v1/pdx/holds``."""
     holds: Holds | None = getattr(scheduler, "_pdx_holds", None)
@@ -559,4 +608,6 @@ def register() -> None:
         return
     on_import(SCHEDULER, lambda m: patch_scheduler(m, valve, max_fraction, shorten, lease))
     on_import(ENGINE_CORE, patch_engine_core)
+    if module_exists(CONNECTOR):
+        on_import(CONNECTOR, patch_connector)
     holds_route.register()

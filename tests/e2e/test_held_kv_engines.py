@@ -184,3 +184,27 @@ def test_a_claim_whose_drop_never_comes_pins_its_hold_for_its_lease_and_no_read_
     lapsed = holds(decode, contract.HoldsRequest())
     assert lapsed.claimed == 0, lapsed
     assert holds(decode, contract.HoldsRequest(claim=[hold], release_claim=[hold], lease=True)).held == [hold]
+
+
+def test_a_decode_local_turns_hold_is_freed_by_prefills_read(topo: LocalTopology) -> None:
+    """vLLM's decode worker frees a held turn when prefill's read notice arrives, but it tracks
+    only requests that came with transfer parameters it acts on; a decode-local turn's request
+    (both flags false) was never tracked, so its read notice was dropped ("unrecognized request")
+    and the hold stayed until the valve took it: with the valve off, for good."""
+    prefill, decode = topo.engine_urls["prefill"][0], topo.engine_urls["decode"][0]
+    kv = held_params(decode, "rho")
+    hold = kv["remote_request_id"]
+    body = {"model": "pdx-tiny", "prompt": hold_prompt("rho") + " And then?", "max_tokens": 1, "kv_transfer_params": kv}
+    req = urllib.request.Request(
+        prefill + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        verdict = json.loads(resp.read())["kv_transfer_params"]
+    assert verdict is not None
+    log = topo.log_path(topo.by_role("decode")[0].name)
+    deadline = time.monotonic() + 30
+    while holds(decode, contract.HoldsRequest(claim=[hold])).held == [hold]:
+        holds(decode, contract.HoldsRequest(release_claim=[hold]))
+        assert time.monotonic() < deadline, "prefill read the hold, decode still holds it"
+        time.sleep(0.5)
+    assert f"unrecognized request {hold}" not in log.read_text()

@@ -598,3 +598,73 @@ def test_the_claim_lease_is_read_from_the_environment(raw: str, lease: float) ->
 def test_a_bad_claim_lease_names_the_variable_and_the_fix(raw: str) -> None:
     with pytest.raises(ValueError, match=rf"{held_kv.LEASE_ENV}=.*at least 10.*or unset it"):
         held_kv.lease_from_env({held_kv.LEASE_ENV: raw})
+
+
+class FakeNixlScheduler:
+    def __init__(self, bidirectional: bool = True) -> None:
+        self.is_bidirectional_kv_xfer_enabled = bidirectional
+        self._reqs_in_batch: set[str] = set()
+
+
+class FakeNixlConnector:
+    """The scheduler side of vLLM's NixlBaseConnector: what its update_state_after_alloc does
+    with the flags (enters only requests it reads or sends for)."""
+
+    def __init__(self, bidirectional: bool = True) -> None:
+        self.connector_scheduler = FakeNixlScheduler(bidirectional)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        params = request.kv_transfer_params
+        sched = self.connector_scheduler
+        bidirectional = sched.is_bidirectional_kv_xfer_enabled
+        if params.get("do_remote_decode") or (params.get("do_remote_prefill") and bidirectional):
+            sched._reqs_in_batch.add(request.request_id)
+        if params.get("do_remote_prefill"):
+            params["do_remote_prefill"] = False
+            params["_remote_blocks_processed"] = True
+
+
+@pytest.fixture
+def connector() -> type[FakeNixlConnector]:
+    module = types.ModuleType(held_kv.CONNECTOR)
+    cls = type("NixlBaseConnector", (FakeNixlConnector,), {})
+    module.NixlBaseConnector = cls  # type: ignore[attr-defined]
+    assert held_kv.patch_connector(module)
+    assert not held_kv.patch_connector(module)  # once only
+    return cls
+
+
+def test_a_decode_local_turn_enters_the_batch_nixls_worker_tracks_so_a_read_or_the_ttl_frees_its_hold(
+    connector: type[FakeNixlConnector],
+) -> None:
+    conn = connector()
+    local = FakeRequest("local", {"do_remote_decode": False, "do_remote_prefill": False})
+    conn.update_state_after_alloc(local, None, 0)
+    assert conn.connector_scheduler._reqs_in_batch == {"local"}
+
+
+def test_a_landing_of_prefills_kv_is_entered_by_vllm_alone_and_plain_requests_not_at_all(
+    connector: type[FakeNixlConnector],
+) -> None:
+    conn = connector()
+    landing = FakeRequest("landing", {"do_remote_decode": False, "do_remote_prefill": True})
+    conn.update_state_after_alloc(landing, None, 0)
+    conn.update_state_after_alloc(landing, None, 0)  # allocated again (after a preemption)
+    plain = FakeRequest("plain", {})
+    conn.update_state_after_alloc(plain, None, 0)
+    assert conn.connector_scheduler._reqs_in_batch == {"landing"}
+
+
+def test_without_bidirectional_transfer_a_local_turn_holds_nothing_and_is_not_entered(
+    connector: type[FakeNixlConnector],
+) -> None:
+    conn = connector(bidirectional=False)
+    local = FakeRequest("local", {"do_remote_decode": False, "do_remote_prefill": False})
+    conn.update_state_after_alloc(local, None, 0)
+    assert conn.connector_scheduler._reqs_in_batch == set()
+
+
+def test_a_vllm_without_the_nixl_connector_class_is_logged_as_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.ERROR, logger="vllm.pdx_plugin"):
+        assert not held_kv.patch_connector(types.ModuleType(held_kv.CONNECTOR))
+    assert "local turns' holds go by the valve only" in caplog.text
