@@ -104,6 +104,14 @@ CASES: dict[str, Case] = {
         eval_time="25m",
         labels={**DI, "decode": "decode-0"},
     ),
+    # Three claims a quarter of an hour lapse for half an hour (routers restarting); quiet: one
+    # lapse, as a single rollout leaves.
+    "PdxHeldKvClaimsLapsed": Case(
+        firing=dict([s("pdx_router_decode_held_kv_lapsed_total", "0+0.2x60", decode="decode-0")]),
+        quiet=(dict([s("pdx_router_decode_held_kv_lapsed_total", "0x5 1x55", decode="decode-0")]),),
+        eval_time="45m",
+        labels={**DI, "decode": "decode-0"},
+    ),
     "PdxTokenizerMismatch": Case(
         firing=dict([s("pdx_router_tokenize_mismatch_total", "0 0 0 0 0 1 1 1 1 1")]),
         quiet=(dict([s("pdx_router_tokenize_mismatch_total", "0x20")]),),

@@ -57,6 +57,7 @@ _LOST = _rate(REUSE + '{outcome=~"expired|declined"}', "15m")
 _RELEASED = _rate(REUSE + '{outcome="released"}', "15m")
 # Each router replica polls every decode: the same figure several times, so max, not sum.
 _WAITED = f"max by ({BY}, decode) (increase(pdx_router_decode_held_kv_waited_total[10m]))"
+_LAPSED = f"max by ({BY}, decode) (increase(pdx_router_decode_held_kv_lapsed_total[30m]))"
 _MISMATCHES = f"sum by ({BY}) (increase(pdx_router_tokenize_mismatch_total[15m]))"
 # Clients' inference requests only: a not-ready router's 503s to its readiness probe, and
 # Prometheus's own scrapes, are no client errors.
@@ -136,6 +137,23 @@ ALERTS: tuple[Alert, ...] = (
             "was being read at once. Set spec.kvTransfer.releaseUnderPressure: true, or add decode replicas "
             "(spec.decode.replicas). "
             "docs/operator.md, \"Sizing the TTL and decode's KV\"."
+        ),
+    ),
+    Alert(
+        name="PdxHeldKvClaimsLapsed",
+        expr=f"{_LAPSED} > 2",
+        signals=(_LAPSED,),
+        for_="10m",
+        severity="info",
+        summary=f"{_INSTANCE}: claims on decode {{{{ $labels.decode }}}}'s held KV ran out their lease, never dropped",
+        description=(
+            "The router claims a hold before prefill reads it and drops the claim once prefill has "
+            "answered. These claims were never dropped: a router stopped mid-turn (a rollout, an OOM "
+            "kill), or its calls to decode failed. Each pinned its hold for the claim's lease "
+            "(PDX_HELD_KV_CLAIM_LEASE, 30 s) instead of the TTL, so little is lost; a steady rate "
+            "points at routers restarting (kubectl get pods -l app.kubernetes.io/component=router: "
+            "RESTARTS) or at calls to decode failing (the router's log: 'holds call on ... failed'). "
+            "docs/router.md, \"A claim whose drop never comes\"."
         ),
     ),
     Alert(
