@@ -144,7 +144,7 @@ ALERTS: tuple[Alert, ...] = (
         expr=f"{_LAPSED} > 2",
         signals=(_LAPSED,),
         for_="10m",
-        severity="info",
+        severity="warning",
         summary=f"{_INSTANCE}: claims on decode {{{{ $labels.decode }}}}'s held KV ran out their lease, never dropped",
         description=(
             "The router claims a hold before prefill reads it and drops the claim once prefill has "
