@@ -45,6 +45,8 @@ GPU_LOG = (
     "(EngineCore_DP0 pid=9) INFO 12-03 11:43:58 [held_kv.py:252] pdx plugin: held KV yields to new work under"
     " pressure (valve on)\n(APIServer pid=7) INFO 12-03 11:43:59 [holds_route.py:72] pdx plugin:"
     " vllm.entrypoints.launchers.app serves /v1/pdx/holds (claims on decode's held KV)\n"
+    "(APIServer pid=7) INFO 12-03 11:44:10 [detokenize_prime.py:89] pdx plugin: a first token was detokenized"
+    " against the prompt's last ids, not all 2073\n"
 )
 
 
