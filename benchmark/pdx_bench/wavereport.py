@@ -152,7 +152,8 @@ def _points_table(summary: dict[str, Any]) -> str:
     body = []
     for p in summary.get("points", []):
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(p["outcomes"].items()))
-        held = "-" if p.get("releases") is None else f"{p['releases']}/{p['waited_on_held']}/{cell(p.get('lapsed_claims'))}"
+        lapsed = cell(p.get("lapsed_claims"))
+        held = "-" if p.get("releases") is None else f"{p['releases']}/{p['waited_on_held']}/{lapsed}"
         body.append(
             (
                 p["leg"], str(p["prefix_tokens"]), cell(p.get("live")), str(p["n"]), cell(p["ttft_p50"]),
