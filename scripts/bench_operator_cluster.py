@@ -1,11 +1,16 @@
 """The operator benchmark on the real control plane (issue 42), beside kmock's, in one run.
 
-    .venv/bin/python scripts/bench_operator_cluster.py --resources 2000 [--edits 20] [--no-kmock]
+    .venv/bin/python scripts/bench_operator_cluster.py --resources 2000 [--edits 20] [--no-kmock] \
+        [--workload-controllers off|on|both] [--baseline-src DIR]
 
-Two legs, one after the other on this machine, each printing its figures; then one table:
+Up to three legs, one after the other on this machine, each printing its figures; then one table
+(ratios only within it: this machine drifts 30-40% within minutes):
 
 - kmock: `scripts/bench_operator.py`'s leg (the operator in a thread, kmock in its own process);
-- cluster: the control plane of tests/support/control_plane.py (built if needed; two p5en and one
+- controllers off: the same real kube-apiserver and etcd as below, with kube-controller-manager,
+  kube-scheduler and kwok not started, so no pod, Endpoints or status write of a controller
+  exists: the operator's own cost on the real API server, kmock's counterpart;
+- controllers on: the control plane of tests/support/control_plane.py (built if needed; two p5en and one
   CPU kwok nodes), the chart installed with the built `helm`, and the operator as
   tests/cluster/test_user_flow.py runs it: the command of the chart's Deployment, as its own
   process, with a token of the chart's ServiceAccount. The same N DisaggregatedInferences
@@ -14,6 +19,9 @@ Two legs, one after the other on this machine, each printing its figures; then o
   after all its children), and each one's 13 children are counted once at the end. The real
   controllers act too: each resource's StatefulSets and Deployment make pods (Pending: 4 GPU
   engines per resource do not fit two p5en nodes), and the operator's pod watch sees them.
+
+`--baseline-src DIR` runs each cluster leg twice, first with the operator of DIR (a copy of an
+older tree, through PYTHONPATH), then this tree's: before/after side by side in one run.
 
 Figures: seconds from the last create to all converged, the operator's CPU (its process, from
 /proc) per resource over the converge phase, and CR edit latency (a TTL patch to
@@ -96,8 +104,13 @@ class Api:
 
 
 def _cpu(pid: int) -> float:
+    return sum(_cpu_split(pid))
+
+
+def _cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of a process (the kernel's share: syscalls, loopback TCP)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
 
 def _request_counts(api: Api) -> dict[str, float]:
@@ -234,25 +247,38 @@ def _children(api: Api) -> dict[str, int]:
 
 
 def cluster_leg(
-    resources: int, edits: int, deadline: float, py_spy: str | None = None, logs: str | None = None
+    resources: int,
+    edits: int,
+    deadline: float,
+    py_spy: str | None = None,
+    logs: str | None = None,
+    controllers: bool = True,
+    src: Path | None = None,
 ) -> list[tuple[str, str]]:
+    """One leg on a fresh control plane; `controllers` False: etcd and the API server only;
+    `src` a checkout whose operator runs instead of this tree's (through PYTHONPATH)."""
     rows: list[tuple[str, str]] = []
-    cp = ControlPlane(build())
+    cp = ControlPlane(build(), workload_controllers=controllers)
     cp.start()
     try:
-        cp.add_nodes(p5en_node("p5en-0"), p5en_node("p5en-1"), cpu_node("cpu-0"))
+        if controllers:  # without kwok no node goes Ready, and nothing would schedule onto one
+            cp.add_nodes(p5en_node("p5en-0"), p5en_node("p5en-1"), cpu_node("cpu-0"))
         helm = Helm(cp)
         helm("install", "pdx-operator", str(ROOT / "charts" / "pdx-operator"), "-n", "pdx-system", "--create-namespace")
         deployment = cp.get("deployment", "pdx-operator", "-n", "pdx-system")
         kubeconfig = cp.service_account_kubeconfig("pdx-system", "pdx-operator", seconds=7200)
         operator = Operator.from_deployment(cp, deployment, kubeconfig)
         operator.env["PDX_RESYNC_SECONDS"] = "30"  # the chart's default; the timer is not what is measured
+        if src is not None:
+            operator.env["PYTHONPATH"] = os.pathsep.join(str(src / d) for d in ("operator", "contract"))
         if os.environ.get("PDX_WORKERS"):
             operator.env["PDX_WORKERS"] = os.environ["PDX_WORKERS"]
         cp.kubectl("create", "namespace", NS)
-        wait_for(
-            "ServiceAccount default", lambda: cp.kubectl("get", "sa", "default", "-n", NS, check=False).returncode == 0
-        )
+        if controllers:  # the ServiceAccount controller makes it; without it no pod is made that needs it
+            wait_for(
+                "ServiceAccount default",
+                lambda: cp.kubectl("get", "sa", "default", "-n", NS, check=False).returncode == 0,
+            )
         operator.start()
         assert operator.proc is not None
         pid = operator.proc.pid
@@ -275,19 +301,19 @@ def cluster_leg(
         if py_spy:
             out = Path(py_spy)
             profiler = subprocess.Popen(
-                [os.environ.get("PY_SPY", "py-spy"), "record", "-p", str(pid), "-f", "raw", "-r", "100", "--gil",
-                 "--threads", "-o", str(out)],
+                [os.environ.get("PY_SPY", "py-spy"), "record", "-p", str(pid), "-f", "raw", "-r", "100",
+                 *os.environ.get("PY_SPY_FLAGS", "--gil").split(), "--threads", "-o", str(out)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
         watched = Generations(api)
-        cpu0 = _cpu(pid)
+        cpu0 = _cpu_split(pid)
         t0 = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(streams) as pool:
             list(pool.map(lambda f: cp.kubectl("create", "-f", str(f), "-o", "name", timeout=deadline), files))
         created = time.monotonic() - t0
         _log(f"cluster: created {resources} in {created:.1f} s")
         done = time.monotonic() - t0 if watched.wait(names, 1, t0 + deadline) else None
-        cpu1 = _cpu(pid)
+        cpu1 = _cpu_split(pid)
         parts1 = {name: _cpu(p) for name, p in components.items()}
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)
@@ -306,8 +332,9 @@ def cluster_leg(
             ("converged (children + status)", f"{len(full)}/{resources}"),
             (
                 "converge: operator CPU",
-                f"{cpu1 - cpu0:.1f} s, {(cpu1 - cpu0) / max(len(full), 1) * 1000:.0f} ms/resource",
+                f"{sum(cpu1) - sum(cpu0):.1f} s, {(sum(cpu1) - sum(cpu0)) / max(len(full), 1) * 1000:.0f} ms/resource",
             ),
+            ("converge: operator CPU, user / system", f"{cpu1[0] - cpu0[0]:.1f} s / {cpu1[1] - cpu0[1]:.1f} s"),
             ("pods the real controllers made", str(pods)),
             (
                 "converge: control plane CPU",
@@ -378,15 +405,41 @@ def kmock_leg(resources: int, edits: int, deadline: float) -> list[tuple[str, st
     return rows
 
 
+def _counts_in_values(rows: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A metric's " (n=K)" moves into its value, so that legs with different counts share a row."""
+    out = []
+    for key, value in rows:
+        if key.endswith(")") and " (n=" in key:
+            key, count = key[:-1].rsplit(" (n=", 1)
+            value = f"{value} (n={count})"
+        out.append((key, value))
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--resources", type=int, default=2000)
     p.add_argument("--edits", type=int, default=20)
     p.add_argument("--deadline", type=float, default=600.0, help="seconds to converge, at most (each leg)")
-    p.add_argument("--no-kmock", action="store_true", help="the cluster leg only")
+    p.add_argument("--no-kmock", action="store_true", help="the cluster legs only")
+    p.add_argument(
+        "--workload-controllers",
+        choices=("off", "on", "both"),
+        default="both",
+        help="the real API server without kube-controller-manager, kube-scheduler and kwok (off), with them (on), "
+        "or both legs (default)",
+    )
+    p.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="a checkout whose operator runs each cluster leg first, beside this tree's (PYTHONPATH)",
+    )
     p.add_argument("--logs", metavar="DIR", help="copy the operator's and the components' logs here at the end")
     p.add_argument(
-        "--py-spy", metavar="FILE", help="record the operator with py-spy (`$PY_SPY` or on PATH) while converging"
+        "--py-spy",
+        metavar="FILE",
+        help="record the operator with py-spy (`$PY_SPY` or on PATH; flags `$PY_SPY_FLAGS`, default --gil) while "
+        "converging: FILE.off, FILE.on",
     )
     args = p.parse_args()
     legs: dict[str, list[tuple[str, str]]] = {}
@@ -394,8 +447,21 @@ def main() -> int:
         _log(f"kmock leg, {args.resources} resources")
         legs["kmock"] = kmock_leg(args.resources, args.edits, args.deadline)
         _log(f"kmock: {legs['kmock']}")
-    _log(f"cluster leg, {args.resources} resources")
-    legs["cluster"] = cluster_leg(args.resources, args.edits, args.deadline, args.py_spy, args.logs)
+    for mode in ("off", "on") if args.workload_controllers == "both" else (args.workload_controllers,):
+        for src in (args.baseline_src.resolve(), None) if args.baseline_src else (None,):
+            leg = f"controllers {mode}" + (", baseline" if src else "")
+            tag = mode + ("-baseline" if src else "")
+            _log(f"cluster leg, {leg}, {args.resources} resources")
+            legs[leg] = cluster_leg(
+                args.resources,
+                args.edits,
+                args.deadline,
+                f"{args.py_spy}.{tag}" if args.py_spy else None,
+                f"{args.logs}/{tag}" if args.logs else None,
+                controllers=mode == "on",
+                src=src,
+            )
+    legs = {leg: _counts_in_values(rows) for leg, rows in legs.items()}
     keys: list[str] = []
     for rows in legs.values():
         keys += [k for k, _ in rows if k not in keys]

@@ -55,6 +55,27 @@ def test_the_in_memory_diffbase_builds_the_essence_kopf_builds() -> None:
     assert ours == {"spec": raw["spec"], "metadata": {"labels": {"team": "search"}, "annotations": {"note": "kept"}}}
 
 
+def test_the_in_memory_essence_is_a_copy_also_of_what_orjson_cannot_encode() -> None:
+    """kopf compares a stored essence with later ones: a change to the body must not reach it,
+    whether copied through orjson or, for an integer beyond 64 bits, through deepcopy; a body
+    without labels or annotations gives kopf's essence too."""
+    import kopf
+
+    from pdx import labels
+    from pdx.controller.bookkeeping import MemoryDiffBaseStorage
+
+    for extra in ({}, {"huge": 2**70}):
+        raw: dict[str, Any] = {**cr_document(), "status": {"ready": "False"}}
+        raw["metadata"] = {"name": "demo", "namespace": "inference", "uid": "u1"}
+        raw["spec"] = {**copy.deepcopy(raw["spec"]), **extra}
+        body = kopf.Body(cast(kopf.RawBody, raw))
+        ours = MemoryDiffBaseStorage().build(body=body)
+        assert ours == kopf.AnnotationsDiffBaseStorage(prefix=labels.KOPF_PREFIX).build(body=body)
+        before = copy.deepcopy(ours)
+        raw["spec"]["prefill"]["replicas"] = 7
+        assert ours == before
+
+
 def test_the_in_memory_progress_clears_as_kopf_does_and_copies_only_what_it_changes() -> None:
     """kopf's annotations storage deep-copies every essence it clears (twice per CR event);
     ours answers the same essence, and one with nothing to remove is not copied."""
@@ -82,3 +103,27 @@ def test_the_in_memory_progress_clears_as_kopf_does_and_copies_only_what_it_chan
         assert essence == before  # the essence given is never changed
     plain = cast(kopf.BodyEssence, cases[0])
     assert ours.clear(essence=plain) is plain
+
+
+def test_kopf_parses_its_watch_lines_through_the_installed_parse_as_json_would() -> None:
+    """The same objects as json.loads (non-ASCII, numbers, nesting), json's error for a bad
+    line, and json's answer where only it accepts the line (NaN)."""
+    import json
+
+    import pytest
+    from kopf._cogs.clients import api
+
+    from pdx.controller import kopfjson
+
+    assert kopfjson.install()
+    parse = vars(api)["json"].loads  # the name kopf's watch calls
+    assert parse is kopfjson.loads
+    lines = [
+        '{"type":"ADDED","object":{"metadata":{"name":"d\\u00e9mo","uid":"u1"},"spec":{"x":[1,2.5,-3e-7,null,true]}}}',
+        '{"type":"MODIFIED","object":{"note":"\u00fcber \\"quoted\\"","n":9223372036854775807}}',
+    ]
+    for line in lines:
+        assert parse(line) == json.loads(line)
+    assert str(parse('{"v":NaN}')["v"]) == "nan"
+    with pytest.raises(json.JSONDecodeError):
+        parse('{"type":')

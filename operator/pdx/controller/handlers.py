@@ -49,7 +49,7 @@ import click
 import kopf
 
 from pdx import kinds, labels, rules
-from pdx.controller import collector, metrics
+from pdx.controller import collector, kopfjson, metrics
 from pdx.controller.bookkeeping import MemoryDiffBaseStorage, MemoryProgressStorage
 from pdx.controller.feed import Feeds, Notify
 from pdx.controller.kube import ApiError, EventSource, Kube, make_api_client
@@ -156,11 +156,12 @@ class _Slots:
         self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
         self._arrivals = itertools.count()
 
-    async def take(self, priority: int, gate: _Gate | None = None) -> None:
-        """A slot; while waiting, `gate.waiting` lets a later trigger `promote` this pass."""
+    async def take(self, priority: int, gate: _Gate | None = None) -> bool:
+        """A slot; while waiting, `gate.waiting` lets a later trigger `promote` this pass.
+        True if it waited (others ran meanwhile), False if it took a free one at once."""
         if self.free > 0 and not self._waiting:
             self.free -= 1
-            return
+            return False
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiting, (priority, next(self._arrivals), fut))
         if gate is not None:
@@ -174,6 +175,7 @@ class _Slots:
         finally:
             if gate is not None:
                 gate.waiting = None
+        return True
 
     def promote(self, fut: asyncio.Future[None], priority: int) -> None:
         """A waiting pass goes up to `priority` (its old entry is skipped once `fut` is done)."""
@@ -332,16 +334,18 @@ async def _pass(
             if snap is None:
                 return None
             slots = _slots(memo)
-            await slots.take(_priority(snap, stats), gate)
+            waited = await slots.take(_priority(snap, stats), gate)
             try:
                 # The state may have moved while this pass waited for a slot: a fresh snapshot
                 # holds whatever came meanwhile, so those triggers need no pass of their own.
-                gate.dirty = False
-                gate.pending.clear()
-                stats, gate.stats = stats or gate.stats, False
-                snap = state.read_from(_indices(memo, indices), namespace, name)
-                if snap is None:
-                    return None
+                # A slot taken at once let nothing else run: the snapshot above is current.
+                if waited:
+                    gate.dirty = False
+                    gate.pending.clear()
+                    stats, gate.stats = stats or gate.stats, False
+                    snap = state.read_from(_indices(memo, indices), namespace, name)
+                    if snap is None:
+                        return None
                 audit = stats and _audit_due(memo)
                 outcome = await loop.run_in_executor(
                     _pool(memo), _work, memo, gate, namespace, name, snap, stats, audit
@@ -430,6 +434,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     with _gates_lock:
         _gates.clear()  # a new run (tests restart in one process): no pass of ours wrote anything yet
     rules.warm_up()
+    kopfjson.install()  # before kopf starts watching the CRs, which it does after the startup handlers
     if getattr(memo, "metrics_port", None) is None:
         memo.metrics_port = metrics.serve()
     # The API server filters the feeds by label: the operator never receives the cluster's
