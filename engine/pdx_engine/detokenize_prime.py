@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from pdx_engine.import_hook import module_exists, on_import
+from pdx_engine.plugin_env import switch
 
 logger = logging.getLogger("vllm.pdx_plugin")
 
@@ -114,10 +115,7 @@ def patch_module(module: ModuleType) -> bool:
 
 def enabled_from_env(environ: Mapping[str, str] = os.environ) -> bool:
     """On unless ``PDX_DETOKENIZE_PRIME`` is 0; another value fails the engine's start, naming the fix."""
-    raw = environ.get(ENV, "").strip()
-    if raw not in ("", "0", "1"):
-        raise ValueError(f"{ENV}={raw!r}: expected 1 (on, the default) or 0 (vLLM's priming), or unset it")
-    return raw != "0"
+    return switch(ENV, True, "1 (on, the default) or 0 (vLLM's priming)", environ)
 
 
 def register() -> None:

@@ -41,6 +41,7 @@ from typing import Any
 
 from pdx_contract import holds as contract
 from pdx_engine import holds_route
+from pdx_engine.plugin_env import switch
 
 logger = logging.getLogger("vllm.pdx_plugin")
 
@@ -62,10 +63,7 @@ STALE_GAPS = 2.0  # a hold idle this many typical gaps belongs to a conversation
 
 def valve_from_env(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether early release is on (the default)."""
-    raw = environ.get(ENV, "").strip()
-    if raw not in ("", "0", "1"):
-        raise ValueError(f"{ENV}={raw!r}: expected 1 (release held KV under pressure) or 0, or unset it")
-    return raw != "0"
+    return switch(ENV, True, "1 (release held KV under pressure) or 0", environ)
 
 
 def shorten_from_env(environ: Mapping[str, str] = os.environ) -> bool:
@@ -75,10 +73,7 @@ def shorten_from_env(environ: Mapping[str, str] = os.environ) -> bool:
     whole ones (0-4 of 12 at 2x, against 4 of 12 twice), kept more holds alive to be claimed, so
     requests waited with every hold claimed (1-2 a point), and two of five runs stalled every
     engine for ~24 s, which whole holds never did (docs/results/cpu-2026-12-05-overcommit-shortened)."""
-    raw = environ.get(SHORTEN_ENV, "").strip()
-    if raw not in ("", "0", "1"):
-        raise ValueError(f"{SHORTEN_ENV}={raw!r}: expected 1 (give up a hold's tail) or 0 (whole holds), or unset it")
-    return raw == "1"
+    return switch(SHORTEN_ENV, False, "1 (give up a hold's tail) or 0 (whole holds)", environ)
 
 
 def _number(raw: str) -> float:
