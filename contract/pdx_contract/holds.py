@@ -33,6 +33,7 @@ PATH = "/v1/pdx/holds"
 
 HoldId = str  # decode's request id: `remote_request_id` in decode's kv_transfer_params
 MAX_IDS = 256  # ids per list in one request
+CLAIM_LEASE_S = 30.0  # how long a leased claim pins its hold unless decode is told otherwise
 
 
 class HoldsRequest(Document):

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pdx_router.testing.fake_engine import CLAIM_LEASE_S
+from pdx_contract.holds import CLAIM_LEASE_S
 
 from .conftest import Stack, StackFactory
 from .helpers import LONG, assistant, chat, user

@@ -25,7 +25,6 @@ from pdx_contract import kv_prefix
 from pdx_router.chat_tokens import ChatTokenizer
 
 EOS = 2
-CLAIM_LEASE_S = 30.0  # the fake decode's claim lease, as pdx_engine.held_kv's default
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
 
@@ -311,7 +310,7 @@ class FakeEngine:
         since = asked.since if asked.since <= self.releases else 0
         answer = holds_contract.HoldsAnswer(
             held=held,
-            claim_expiry=time.perf_counter() + CLAIM_LEASE_S if held and asked.lease else None,
+            claim_expiry=time.perf_counter() + holds_contract.CLAIM_LEASE_S if held and asked.lease else None,
             claimed=sum(1 for (e, _), n in self.cluster.claims.items() if e == engine and n > 0),
             kept={rid: self.kept[rid] for rid in held if rid in self.kept},
             trims=self.trims,
