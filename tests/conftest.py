@@ -33,14 +33,19 @@ CPU_NODES = ("cpu-0",)
 
 
 @pytest.fixture(scope="session")
-def control_plane() -> Iterator[ControlPlane]:
+def control_plane_bin() -> Path:
+    """The control plane's programs, built if need be (skipped or failed as above)."""
     if os.environ.get("PDX_SKIP_CONTROL_PLANE") == "1":
         pytest.skip("PDX_SKIP_CONTROL_PLANE=1: the tests against a real Kubernetes control plane are skipped")
     try:
-        bin_dir = build()
+        return build()
     except BuildError as err:
         pytest.fail(f"no Kubernetes control plane on this machine (PDX_SKIP_CONTROL_PLANE=1 skips these tests): {err}")
-    with ControlPlane(bin_dir) as cp:
+
+
+@pytest.fixture(scope="session")
+def control_plane(control_plane_bin: Path) -> Iterator[ControlPlane]:
+    with ControlPlane(control_plane_bin) as cp:
         cp.add_nodes(*(p5en_node(n) for n in GPU_NODES), *(cpu_node(n) for n in CPU_NODES))
         yield cp
 

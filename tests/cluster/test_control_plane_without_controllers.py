@@ -4,24 +4,18 @@ what is stored; the operator benchmark's leg without the controllers' load
 
 from __future__ import annotations
 
-import os
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.support.control_plane import BuildError, ControlPlane, build
+from tests.support.control_plane import ControlPlane
 
 pytestmark = pytest.mark.cluster
 
 
-def test_without_workload_controllers_a_deployment_is_stored_and_nothing_acts_on_it() -> None:
-    if os.environ.get("PDX_SKIP_CONTROL_PLANE") == "1":
-        pytest.skip("PDX_SKIP_CONTROL_PLANE=1: the tests against a real Kubernetes control plane are skipped")
-    try:
-        bin_dir = build()
-    except BuildError as err:
-        pytest.fail(f"no Kubernetes control plane on this machine: {err}")
-    with ControlPlane(bin_dir, workload_controllers=False) as cp:
+def test_without_workload_controllers_a_deployment_is_stored_and_nothing_acts_on_it(control_plane_bin: Path) -> None:
+    with ControlPlane(control_plane_bin, workload_controllers=False) as cp:
         assert set(cp.pids) == {"etcd", "kube-apiserver"}
         cp.kubectl("create", "namespace", "bench")
         labels = {"app": "web"}
