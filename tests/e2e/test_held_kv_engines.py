@@ -62,12 +62,15 @@ def history(topic: str) -> list[dict[str, str]]:
     return [{"role": "system", "content": "You read notes."}, {"role": "user", "content": notes}]
 
 
+def post(url: str, body: dict[str, Any], timeout: float = 600) -> Any:
+    """A JSON POST straight to an engine; its JSON answer."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
 def holds(decode: str, body: contract.HoldsRequest) -> contract.HoldsAnswer:
-    req = urllib.request.Request(
-        decode + contract.PATH, data=json.dumps(body.to_json()).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        return contract.HoldsAnswer.model_validate(json.loads(resp.read()))
+    return contract.HoldsAnswer.model_validate(post(decode + contract.PATH, body.to_json(), timeout=60))
 
 
 def follow_up(msgs: list[dict[str, str]], answer: Answer, text: str) -> list[dict[str, str]]:
@@ -128,11 +131,7 @@ def held_params(decode: str, topic: str) -> dict[str, Any]:
         "temperature": 0,
         "kv_transfer_params": {"do_remote_decode": False, "do_remote_prefill": False},
     }
-    req = urllib.request.Request(
-        decode + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=600) as resp:
-        kv: dict[str, Any] = json.loads(resp.read())["kv_transfer_params"]
+    kv: dict[str, Any] = post(decode + "/v1/completions", body)["kv_transfer_params"]
     assert kv["remote_blocks_expiry_time"] is not None, kv  # bidirectional: decode holds it
     return kv
 
@@ -168,12 +167,8 @@ def test_a_claim_whose_drop_never_comes_pins_its_hold_for_its_lease_and_no_read_
     time.sleep(max(0.0, granted.claim_expiry - MARGIN - time.perf_counter()) + 0.5)
     late = {**kv, "remote_blocks_expiry_time": granted.claim_expiry}
     body = {"model": "pdx-tiny", "prompt": hold_prompt("mu") + " Next?", "max_tokens": 1, "kv_transfer_params": late}
-    req = urllib.request.Request(
-        prefill + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
     try:
-        with urllib.request.urlopen(req, timeout=600):
-            pass
+        post(prefill + "/v1/completions", body)
     except urllib.error.HTTPError as exc:  # kvTransfer.loadFailurePolicy fail: the router retries plain
         assert exc.code == 500, exc
     log = topo.log_path(topo.by_role("prefill")[0].name).read_text()
@@ -195,11 +190,7 @@ def test_a_decode_local_turns_hold_is_freed_by_prefills_read(topo: LocalTopology
     kv = held_params(decode, "rho")
     hold = kv["remote_request_id"]
     body = {"model": "pdx-tiny", "prompt": hold_prompt("rho") + " And then?", "max_tokens": 1, "kv_transfer_params": kv}
-    req = urllib.request.Request(
-        prefill + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=600) as resp:
-        verdict = json.loads(resp.read())["kv_transfer_params"]
+    verdict = post(prefill + "/v1/completions", body)["kv_transfer_params"]
     assert verdict is not None
     log = topo.log_path(topo.by_role("decode")[0].name)
     deadline = time.monotonic() + 30
