@@ -33,6 +33,10 @@ PATH = "/v1/pdx/holds"
 
 HoldId = str  # decode's request id: `remote_request_id` in decode's kv_transfer_params
 MAX_IDS = 256  # ids per list in one request
+# The kv_transfer_params of a decode-local turn (the router prefills it on the decode that holds
+# its conversation): no read from anyone, and decode keeps the finished turn as after any decode
+# hop. The engine plugin has NIXL's worker track such turns' holds (`pdx_engine.held_kv`).
+LOCAL_TURN_KV: dict[str, bool] = {"do_remote_decode": False, "do_remote_prefill": False}
 CLAIM_LEASE_S = 30.0  # how long a leased claim pins its hold unless decode is told otherwise
 
 

@@ -511,8 +511,7 @@ def _local_turn(params: Any) -> bool:
     """A request that asks decode for neither read: a decode-local turn, prefilled on decode."""
     return (
         isinstance(params, dict)
-        and params.get("do_remote_decode") is False
-        and params.get("do_remote_prefill") is False
+        and all(params.get(flag) is value for flag, value in contract.LOCAL_TURN_KV.items())
         and not params.get("_remote_blocks_processed")
     )
 

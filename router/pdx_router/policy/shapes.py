@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdx_contract.holds import LOCAL_TURN_KV
 from pdx_contract.router_config import ConversationFrom, TenancyConfig
 
 from ..chat_tokens import renders_plainly
@@ -437,14 +438,11 @@ def decode_request(
     return out
 
 
-# What decode gets with a turn it prefills itself: no read from anyone (its prefix cache has the
-# history), and at the end it keeps the turn's blocks and names them, as after any decode hop.
-LOCAL_DECODE_KV: dict[str, Any] = {"do_remote_decode": False, "do_remote_prefill": False}
 
 
 def local_decode_request(req: ClientRequest, compared_ids: IdText | None, names_held: bool = False) -> dict[str, Any]:
     """The body of a turn prefilled on the decode that holds its conversation (policy.local)."""
-    return decode_request(req, dict(LOCAL_DECODE_KV), compared_ids, names_held)
+    return decode_request(req, dict(LOCAL_TURN_KV), compared_ids, names_held)
 
 
 def pin_completion_prompt(body: dict[str, Any], ids: IdText) -> dict[str, Any]:
