@@ -497,9 +497,10 @@ class Router:
             out = Stream(200, {**headers, **self._answer_headers(ask, done)})
             out.start(req)
             return await self._relay_events(ask, done, decode, relay, out)
-        except asyncio.CancelledError:
-            # The client left (its handler is cancelled): once its answer had begun, the turn was
-            # served as decided and counts, as a client closing right after [DONE] does.
+        except (asyncio.CancelledError, ConnectionResetError):
+            # The client left: its handler is cancelled, or a write finds its socket closing (it
+            # read [DONE] from the relay's own write and closed before the end went out). Once its
+            # answer had begun, the turn was served as decided and counts.
             if not relay.first:
                 self._finish(done)
             raise

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
 from collections.abc import AsyncIterator
 
 import aiohttp
+import orjson
 import pytest
 
 from .conftest import StackFactory
@@ -80,4 +83,61 @@ async def test_a_turn_whose_client_leaves_once_its_answer_began_is_still_counted
             if counted:
                 break
             await asyncio.sleep(0.02)
+    assert counted == 1
+
+
+async def test_a_turn_whose_client_closes_as_the_streams_end_comes_is_still_counted(
+    make_stack: StackFactory,
+) -> None:
+    """A client reads [DONE] (the relay writes it from decode's callback) and closes at once. When
+    its close and decode's end of stream reach the router in one poll, the handler writes the end
+    to a socket already closing (ConnectionResetError) before it can be cancelled. The turn was
+    served as decided: it counts."""
+    client: list[asyncio.StreamWriter] = []
+    done_seen = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                break
+            length = head.split(b"Content-Length: ", 1)[1].split(b"\r\n", 1)[0] if b"Content-Length: " in head else b"0"
+            await reader.readexactly(int(length))
+            if not head.startswith(b"POST /v1/chat/completions "):
+                writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+                continue
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + chunked(*EVENTS)[: -len(b"0\r\n\r\n")]
+            )
+            await done_seen.wait()
+            # The end of decode's stream, then the client's close, both before the router's
+            # loop polls again (this loop is the router's: block it until both have arrived).
+            writer.write(b"0\r\n\r\n")
+            client[0].get_extra_info("socket").shutdown(socket.SHUT_RDWR)  # the FIN leaves now
+            time.sleep(0.05)
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    decode = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    s = await make_stack(decode=(decode,))
+    host, port = s.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    client.append(writer)
+    payload = orjson.dumps({"model": "Qwen", "messages": [user("hello")], "stream": True})
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload)
+    )
+    await reader.readuntil(b"data: [DONE]")
+    done_seen.set()
+    async with aiohttp.ClientSession() as http:
+        for _ in range(100):
+            async with http.get(s.url + "/v1/pdx/stats") as got:
+                counted = sum((await got.json())["reuse"].values())
+            if counted:
+                break
+            await asyncio.sleep(0.02)
+    server.close()
     assert counted == 1
