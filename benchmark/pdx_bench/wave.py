@@ -53,6 +53,8 @@ from .workload import AGENTIC, SuffixMix, TokenCounter, WorkloadSpec
 OFF = Leg("off", (("kvTransfer.bidirectional", False),))
 ON = Leg("on", (("kvTransfer.bidirectional", True),))
 DP = Leg("dp", (("kvTransfer.bidirectional", True), ("router.decodeLocalMaxTokens", 0)))
+# ON with each claim taken on arrival (before router.claimQueueTokens): what the gate changes.
+ARRIVAL = Leg("on-arrival", (("kvTransfer.bidirectional", True), ("router.claimQueueTokens", 1 << 30)))
 CORRECT = "correct"  # scripts/gpu-correct.sh: run by the shell script, its time reserved here
 CORRECT_WHAT = "scripts/gpu-correct.sh: greedy output ON == OFF on the seeded model, edited histories, plugins"
 
@@ -232,7 +234,7 @@ def _parts_gpu() -> tuple[Part, ...]:
         Part("load", "8 clients, 16 conversations at 16k, OFF and ON",
              (ON, OFF), (16000,), replace(base, conversations=16, concurrency=8, seed=4), bound=False),
         Part("overcommit", "12 live conversations of their own 16k prefix: about 2x decode's KV, the valve's point",
-             (ON, OFF), (16000,), replace(base, think_time_s=2.0, shared_prefix=False, seed=5), live=(12,),
+             (ON, ARRIVAL, OFF), (16000,), replace(base, think_time_s=2.0, shared_prefix=False, seed=5), live=(12,),
              bound=False),
     )  # fmt: skip
 

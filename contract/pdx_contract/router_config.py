@@ -109,6 +109,11 @@ class RouterConfig(Document):
     """Such a turn goes local only while its decode has fewer requests than this in flight
     (the router's own count, or the engine's running + waiting, whichever is higher): a local
     prefill delays the tokens of every stream that decode is generating."""
+    claim_queue_tokens: int = Field(default=32768, ge=0)
+    """A turn that reads held KV claims its hold only once its prefill has at most this many
+    prompt tokens (estimated) of the router's requests in flight; until then it waits in the
+    router, its hold unclaimed (so still releasable under pressure), and turns behind it wait too.
+    High: claim on arrival."""
     prefill_affinity: bool = False
     """Send every turn of a conversation to one prefill, chosen by rendezvous hashing of the
     conversation (its id, else its messages through the first user message), so that prefill's

@@ -390,6 +390,13 @@ class RouterSpec(_Spec):
     decode_local_max_busy: int = Field(default=4, ge=1)
     """A turn goes decode-local only while its decode has fewer requests in flight than this
     (the router's count, or the engine's running + waiting, whichever is higher)."""
+    claim_queue_tokens: int = Field(default=32768, ge=0, le=1 << 30)
+    """A follow-up turn that reads decode's held KV claims it (pins it against release under
+    pressure) only once its prefill has at most this many prompt tokens of the router's requests
+    still to compute (estimated from their bodies' size); until then it waits in the router, its
+    hold still releasable. Claimed on arrival instead (set it very high), a turn queued behind
+    long prefills pins its hold for the whole wait, and a decode full of such holds makes new
+    work wait (docs/results/h100-2026-12-05-wave)."""
     prefill_affinity: bool | None = None
     """Send every turn of a conversation to one prefill (rendezvous hashing of its id, else of its
     messages through the first user message), so that prefill's prefix cache may still hold its

@@ -24,6 +24,7 @@ from pdx_contract.stats import Holding
 from . import answer
 from .answer import StreamedAnswer, StreamedText
 from .chat_tokens import ChatTokenizer, TextPrefix
+from .claim_gate import ClaimGate
 from .claims import ClaimDrops, holds_call
 from .config import ConfigError, RouterConfig
 from .discovery import Discovery, Pool
@@ -86,6 +87,7 @@ class Router:
     def __init__(self, cfg: RouterConfig, store: Store | None = None) -> None:
         self.cfg = cfg
         self.drops = ClaimDrops(self._send_drops)
+        self.claim_gate = ClaimGate(cfg.claim_queue_tokens)
         self.chat_tokens = ChatTokenizer.from_dir(cfg.tokenizer) if cfg.tokenizer else None
         self.trust = TokenizerTrust()
         self.pool = Pool()
@@ -195,12 +197,12 @@ class Router:
             return _error(400, str(exc), rid)
         try:
             try:
-                return await self._serve(req, ask, started)
+                return await self._serve(req, ask, started, len(raw))
             except NoEngines:
                 # An engine may have come back since the last periodic check: look once now
                 # rather than fail a client for up to a health-check interval.
                 await self.discovery.check_all()
-                return await self._serve(req, ask, started)
+                return await self._serve(req, ask, started, len(raw))
         except NoEngines:
             return _error(503, "no healthy prefill/decode pair of one generation", rid)
         except ClientFacingError as exc:
@@ -271,7 +273,7 @@ class Router:
         self.metrics.prompt_ids_from(IdsSource.ENGINE)
         return ids
 
-    async def _serve(self, req: Request, ask: ClientRequest, started: float) -> Answer | Stream:
+    async def _serve(self, req: Request, ask: ClientRequest, started: float, size: int) -> Answer | Stream:
         gen = self._generation()
         prefill = engines.choose_prefill(self.pool.endpoints, gen, ask.affinity)
         assert prefill is not None
@@ -291,44 +293,56 @@ class Router:
                     holder.healthy = False
                 log.info("local turn failed on %s (%s); through prefill instead", holder.url, exc.status)
                 attempt = fallback.attempt
-        claimed = await self._claim(attempt, ask) if attempt.reuse else None
-        if claimed is not None:
-            attempt = claimed.attempt
-        while True:
-            if attempt.retried:
-                gen = self._generation()
-                prefill = engines.choose_prefill(self.pool.endpoints, gen, ask.affinity) or prefill
-            pinned, claimed = (claimed.pinned if claimed is not None else None), None
-            decode = engines.choose_decode(self.pool.endpoints, gen, attempt.affinity)
-            if decode is None:
-                if pinned is not None:
-                    self._drop_claim(pinned, ask)
-                raise NoEngines
-            ppath, pbody = shapes.prefill_request(ask, attempt.kv, attempt.compared_ids)
-            _log_hop("to prefill", prefill, pbody.get("kv_transfer_params"))
-            t0 = time.perf_counter()
-            try:
-                pkv = await self._prefill_hop(prefill, ppath, ask, pbody, pinned)
-            except UpstreamError as exc:
-                again = self._after_failure(attempt, Hop.PREFILL, prefill, exc)
-                if again is None:
-                    raise
-                attempt = again.attempt
-                continue
-            attempt = retry.after_prefill(attempt, pkv if isinstance(pkv, dict) else None)
-            done = Prefilled(attempt, (time.perf_counter() - t0) * 1000, started)
-            self.metrics.prefill.observe(done.prefill_ms / 1000)
-            dbody = shapes.decode_request(
-                ask, pkv if isinstance(pkv, dict) else None, attempt.compared_ids, decode.names_held
-            )
-            _log_hop("to decode", decode, dbody.get("kv_transfer_params"))
-            try:
-                return await self._decode(req, ask, done, decode, dbody)
-            except UpstreamError as exc:
-                again = self._after_failure(attempt, Hop.DECODE, decode, exc)
-                if again is None:
-                    raise
-                attempt = again.attempt
+        # A turn that would claim a hold waits for its prefill first (claim_gate.py): unclaimed.
+        claims = attempt.reuse and holds.hold_id(attempt.kv) is not None
+        tokens = holds.prefill_tokens(size, attempt.reused_tokens)
+        waited = time.perf_counter()
+        slot = await self.claim_gate.enter(prefill.url, tokens, claims)
+        if claims:
+            self.metrics.claim_wait.observe(time.perf_counter() - waited)
+        try:
+            claimed = await self._claim(attempt, ask) if attempt.reuse else None
+            if claimed is not None:
+                attempt = claimed.attempt
+            while True:
+                if attempt.retried:
+                    gen = self._generation()
+                    prefill = engines.choose_prefill(self.pool.endpoints, gen, ask.affinity) or prefill
+                pinned, claimed = (claimed.pinned if claimed is not None else None), None
+                decode = engines.choose_decode(self.pool.endpoints, gen, attempt.affinity)
+                if decode is None:
+                    if pinned is not None:
+                        self._drop_claim(pinned, ask)
+                    raise NoEngines
+                ppath, pbody = shapes.prefill_request(ask, attempt.kv, attempt.compared_ids)
+                _log_hop("to prefill", prefill, pbody.get("kv_transfer_params"))
+                t0 = time.perf_counter()
+                try:
+                    pkv = await self._prefill_hop(prefill, ppath, ask, pbody, pinned)
+                except UpstreamError as exc:
+                    slot.leave()
+                    again = self._after_failure(attempt, Hop.PREFILL, prefill, exc)
+                    if again is None:
+                        raise
+                    attempt = again.attempt
+                    continue
+                slot.leave()  # its prefill has answered: the next waiting turn may claim
+                attempt = retry.after_prefill(attempt, pkv if isinstance(pkv, dict) else None)
+                done = Prefilled(attempt, (time.perf_counter() - t0) * 1000, started)
+                self.metrics.prefill.observe(done.prefill_ms / 1000)
+                dbody = shapes.decode_request(
+                    ask, pkv if isinstance(pkv, dict) else None, attempt.compared_ids, decode.names_held
+                )
+                _log_hop("to decode", decode, dbody.get("kv_transfer_params"))
+                try:
+                    return await self._decode(req, ask, done, decode, dbody)
+                except UpstreamError as exc:
+                    again = self._after_failure(attempt, Hop.DECODE, decode, exc)
+                    if again is None:
+                        raise
+                    attempt = again.attempt
+        finally:
+            slot.leave()
 
     async def _prefill_hop(
         self, prefill: Endpoint, path: str, ask: ClientRequest, body: dict[str, Any], pinned: Pinned | None

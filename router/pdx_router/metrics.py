@@ -142,6 +142,13 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.claim_wait = Histogram(
+            "pdx_router_claim_wait_seconds",
+            "Time a turn that reads held KV waited in the router, its hold unclaimed, for its"
+            " prefill to have at most router.claimQueueTokens prompt tokens in flight.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.reuse = Counter(
             "pdx_router_reuse",
             "Reuse outcome per turn of a conversation.",

@@ -152,3 +152,18 @@ def cap_expiry(kv: dict[str, Any], expiry: float) -> dict[str, Any]:
         out["remote_blocks_expiry_time"] = expiry
     return out
 
+
+BODY_BYTES_PER_TOKEN = 4  # a completion request's JSON bytes per prompt token, roughly (English text)
+
+
+def prefill_tokens(body_bytes: int, reused_tokens: int) -> int:
+    """What prefill will compute of a turn, roughly: its body's size in tokens less what it
+    reads from decode (the router need not have tokenized the prompt)."""
+    return max(1, body_bytes // BODY_BYTES_PER_TOKEN - reused_tokens)
+
+
+def may_claim(ahead_tokens: int, budget: int) -> bool:
+    """A turn claims its hold only once its prefill has at most `budget` prompt tokens of the
+    router's requests still to compute (`router.claimQueueTokens`): the claim then pins the hold
+    about as long as that work takes, not for a whole queue's wait (claim_gate.py says why)."""
+    return ahead_tokens <= budget
