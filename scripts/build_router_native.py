@@ -50,8 +50,12 @@ def build(out: Path) -> None:
             # One group named inside the package: its shared library is pdx_router._native__mypyc,
             # found through the package's path like the modules' own shims.
             said = io.StringIO()
-            with contextlib.redirect_stdout(said):
-                exts = mypycify(files, opt_level="3", group_name="pdx_router._native", target_dir=f"{tmp}/c")
+            try:
+                with contextlib.redirect_stdout(said):
+                    exts = mypycify(files, opt_level="3", group_name="pdx_router._native", target_dir=f"{tmp}/c")
+            except SystemExit:  # mypyc's errors went to `said`: show them, or the build fails mute
+                print(said.getvalue(), end="", file=sys.stderr)
+                raise
             # mypyc's notes that a generator is compiled as a list say nothing to do; the rest is shown.
             notes = said.getvalue().splitlines(True)
             print("".join(line for line in notes if "Treating generator" not in line), end="")
