@@ -93,7 +93,7 @@ def _changes(fields: str) -> tuple[tuple[str, Any], ...]:
     changes: list[tuple[str, Any]] = []
     for change in filter(None, (c.strip() for c in fields.split(","))):
         path, eq, value = change.partition("=")
-        if not eq or not re.fullmatch(r"[A-Za-z0-9]+(\.[A-Za-z0-9]+)*", path):
+        if not eq or not re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*", path):
             raise argparse.ArgumentTypeError(f"expected FIELD=VALUE (a dotted path under spec), got {change!r}")
         changes.append((path, yaml.safe_load(value)))
     return tuple(changes)

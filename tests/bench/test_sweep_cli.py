@@ -151,3 +151,12 @@ def test_in_cluster_results_claim(capsys: pytest.CaptureFixture[str]) -> None:
     kubernetes_validate.validate(job, K8S_VERSION, strict=True)
     vols = job["spec"]["template"]["spec"]["volumes"]
     assert {"name": "results", "persistentVolumeClaim": {"claimName": "bench-pvc"}} in vols
+
+
+def test_a_named_leg_may_set_an_engines_environment_variable() -> None:
+    from pdx_bench.cli import _named_leg
+
+    leg = _named_leg("shorten:kvTransfer.bidirectional=true,decode.env.PDX_HELD_KV_SHORTEN='1'")
+    assert leg.changes == (("kvTransfer.bidirectional", True), ("decode.env.PDX_HELD_KV_SHORTEN", "1"))
+    with pytest.raises(argparse.ArgumentTypeError, match="dotted path under spec"):
+        _named_leg("bad:decode.env.A-B=1")
