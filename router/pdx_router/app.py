@@ -294,7 +294,9 @@ class Router:
                 log.info("local turn failed on %s (%s); through prefill instead", holder.url, exc.status)
                 attempt = fallback.attempt
         # A turn that would claim a hold waits for its prefill first (claim_gate.py): unclaimed.
-        claims = attempt.reuse and holds.hold_id(attempt.kv) is not None
+        claims = attempt.reuse and holds.would_claim(
+            attempt.kv, holds.holder(self.pool.endpoints, attempt.plan.affinity)
+        )
         tokens = holds.prefill_tokens(size, attempt.reused_tokens)
         waited = time.perf_counter()
         slot = await self.claim_gate.enter(prefill.url, tokens, claims)

@@ -138,3 +138,20 @@ def test_a_turns_prefill_work_is_its_body_in_tokens_less_what_it_reads() -> None
     assert holds.prefill_tokens(4000, 0) == 1000
     assert holds.prefill_tokens(4000, 900) == 100
     assert holds.prefill_tokens(4000, 5000) == 1  # never nothing: the last token is computed
+
+
+async def test_a_reused_turn_to_a_decode_without_the_valve_never_waits_for_its_prefill(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(prefill_opts={**CHECKS, "prefill_delay": 0.4}, decode_opts=CHECKS, claim_queue_tokens=0)
+    follow_up = await first_turn(http, s, "a")
+    await chat(http, s.url, [*follow_up, user("once more " + LONG)], conversation="a")  # learns: no valve
+    follow_up = await first_turn(http, s, "c")
+    long_one = asyncio.create_task(chat(http, s.url, [user("b " + LONG)], conversation="b"))
+    await asyncio.sleep(0.1)
+    reused = asyncio.create_task(chat(http, s.url, follow_up, conversation="c"))
+    await asyncio.sleep(0.15)
+    assert s.router.claim_gate.waiting() == 0  # nothing to claim on this decode: straight to prefill
+    await long_one
+    status, headers, _ = await reused
+    assert (status, headers["X-PDX-Reuse"]) == (200, "hit")

@@ -59,6 +59,14 @@ def parse(status: int, body: Any) -> HoldsAnswer | None:
         return None
 
 
+def would_claim(kv: dict[str, Any] | None, decode: Endpoint | None) -> bool:
+    """Whether a try reading `kv` claims its hold on `decode` first (`Router._claim`): a hold to
+    name, its decode known and answering claims (an engine without the valve is never asked),
+    and the hold not already known released."""
+    hold = hold_id(kv)
+    return hold is not None and decode is not None and decode.claims is not False and not known_released(decode, hold)
+
+
 def known_released(decode: Endpoint, hold: str) -> bool:
     """Decode already said it released `hold` (an earlier answer's `released`): no claim needed."""
     return hold in decode.released
