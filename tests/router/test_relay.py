@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import orjson
@@ -25,28 +25,41 @@ def chunked(*parts: bytes) -> bytes:
     return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
 
 
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+async def serve_chats(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    answer: Callable[[asyncio.StreamWriter], Awaitable[None]],
+) -> None:
+    """A fake decode's connection: each chat POST answered by `answer`, anything else 404 (the
+    router reuses connections: its health checks' calls come first)."""
+    while True:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            break
+        length = head.split(b"Content-Length: ", 1)[1].split(b"\r\n", 1)[0] if b"Content-Length: " in head else b"0"
+        await reader.readexactly(int(length))
+        if not head.startswith(b"POST /v1/chat/completions "):
+            writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+            continue
+        await answer(writer)
+    writer.close()
+
+
 @pytest.fixture
 async def decode_in_one_write() -> AsyncIterator[str]:
     """A decode engine whose whole streamed answer (status line, headers, events, the end)
     leaves in one write, so the router reads all of it at once."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:  # the router reuses connections: its health checks' calls come first
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except asyncio.IncompleteReadError:
-                break
-            length = head.split(b"Content-Length: ", 1)[1].split(b"\r\n", 1)[0] if b"Content-Length: " in head else b"0"
-            await reader.readexactly(int(length))
-            if not head.startswith(b"POST /v1/chat/completions "):
-                writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
-                continue
-            writer.write(
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-                + chunked(*EVENTS)
-            )
-            await writer.drain()
-        writer.close()
+        async def whole(w: asyncio.StreamWriter) -> None:
+            w.write(STREAM_HEAD + chunked(*EVENTS))
+            await w.drain()
+
+        await serve_chats(reader, writer, whole)
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
@@ -96,28 +109,17 @@ async def test_a_turn_whose_client_closes_as_the_streams_end_comes_is_still_coun
     client: list[asyncio.StreamWriter] = []
     done_seen = asyncio.Event()
 
+    async def end_as_the_client_closes(w: asyncio.StreamWriter) -> None:
+        w.write(STREAM_HEAD + chunked(*EVENTS)[: -len(b"0\r\n\r\n")])
+        await done_seen.wait()
+        # The end of decode's stream, then the client's close, both before the router's
+        # loop polls again (this loop is the router's: block it until both have arrived).
+        w.write(b"0\r\n\r\n")
+        client[0].get_extra_info("socket").shutdown(socket.SHUT_RDWR)  # the FIN leaves now
+        time.sleep(0.05)
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except asyncio.IncompleteReadError:
-                break
-            length = head.split(b"Content-Length: ", 1)[1].split(b"\r\n", 1)[0] if b"Content-Length: " in head else b"0"
-            await reader.readexactly(int(length))
-            if not head.startswith(b"POST /v1/chat/completions "):
-                writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
-                continue
-            writer.write(
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-                + chunked(*EVENTS)[: -len(b"0\r\n\r\n")]
-            )
-            await done_seen.wait()
-            # The end of decode's stream, then the client's close, both before the router's
-            # loop polls again (this loop is the router's: block it until both have arrived).
-            writer.write(b"0\r\n\r\n")
-            client[0].get_extra_info("socket").shutdown(socket.SHUT_RDWR)  # the FIN leaves now
-            time.sleep(0.05)
-        writer.close()
+        await serve_chats(reader, writer, end_as_the_client_closes)
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     decode = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
