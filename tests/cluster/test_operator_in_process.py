@@ -7,6 +7,7 @@ what kopf writes on the CR, and what an idle operator sends (the API server's au
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import urllib.parse
 from typing import Any
@@ -150,6 +151,31 @@ def test_reuse_counters_from_the_periodic_check_reach_status(
     assert urls == {f"http://{NAME}-router.{cluster.ns}.svc:8000"}
     body = cluster.live(KIND, NAME)
     assert body is not None and body["spec"]["kvTransfer"]["decoderKvBlocksTtlSeconds"] == 480  # advice only
+
+
+def test_an_edit_is_applied_while_the_router_never_answers_the_periodic_check(
+    cluster: Cluster, in_process_operator: InProcessOperator
+) -> None:
+    """The router's counters are fetched beside the passes: a router that hangs (its Service
+    name resolving slowly, say) holds no pass, so an edit still reaches both StatefulSets.
+    Before, the periodic pass waited in the fetch holding its resource, and the edit behind it."""
+    asked = threading.Event()
+    release = threading.Event()
+
+    def hangs(url: str) -> dict[str, Any] | None:
+        asked.set()
+        release.wait(120)
+        return None
+
+    try:
+        old = _started_converged(cluster, in_process_operator, stats=hangs)
+        wait_for("a periodic check asking the router", asked.is_set, timeout=10)
+        cluster.patch(KIND, NAME, {"spec": {"kvTransfer": {"decoderKvBlocksTtlSeconds": 1200}}})
+        wait_for("both StatefulSets on a new config", lambda: old != cluster.sts_hash(NAME, "prefill")
+                 and cluster.sts_hash(NAME, "decode") == cluster.sts_hash(NAME, "prefill"), timeout=30)  # fmt: skip
+        assert not release.is_set()  # the router still has not answered
+    finally:
+        release.set()
 
 
 def test_a_deleted_resource_is_forgotten_and_nothing_is_written_for_it(

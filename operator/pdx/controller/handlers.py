@@ -54,7 +54,8 @@ from pdx.controller.bookkeeping import MemoryDiffBaseStorage, MemoryProgressStor
 from pdx.controller.feed import Feeds, Notify
 from pdx.controller.kube import ApiError, EventSource, Kube, make_api_client
 from pdx.controller.rbac import PEERING_NAME
-from pdx.controller.reconcile import Outcome, StatsFetcher, load_target, reconcile_snapshot
+from pdx.controller.reconcile import Outcome, load_target, reconcile_snapshot
+from pdx.controller.routerstats import StatsCache
 from pdx.controller.state import ListReads, Snapshot, WatchState, index_id
 from pdx.controller.worker import Worker, capture_kopf_pause
 from pdx.render.meta import router_url
@@ -213,16 +214,26 @@ def _pool(memo: Any) -> ThreadPoolExecutor:
     return pool
 
 
-def _stats_of(fetch: StatsFetcher, snap: Snapshot, namespace: str) -> Mapping[str, Any] | None:
-    """The router's counters for this pass, fetched once (they are part of what makes it new)."""
+def _router_url(snap: Snapshot, namespace: str) -> str | None:
     try:
-        url = router_url(load_target(snap.body, namespace))
+        return router_url(load_target(snap.body, namespace))
     except SpecError:
         return None
-    try:
-        return fetch(url)
-    except Exception:  # best effort, as in reconcile._reuse
-        return None
+
+
+def _stats(memo: Any) -> StatsCache:
+    """The routers' counters, fetched beside the passes (routerstats.py says why). A fetch that
+    brings new counters wakes its resource through the worker, on the event loop."""
+    cache: StatsCache | None = getattr(memo, "stats", None)
+    if cache is None:
+        loop = asyncio.get_running_loop()
+
+        def on_new(key: tuple[str, str]) -> None:
+            if _worker is not None:
+                loop.call_soon_threadsafe(_worker.wake, key)
+
+        cache = memo.stats = StatsCache(getattr(memo, "fetch_stats", fetch_router_stats), on_new)
+    return cache
 
 
 @dataclass
@@ -255,9 +266,10 @@ def _work(
     up as a difference, is logged, and that resource is repaired at once. Watches fail for
     all resources alike, so auditing one resource per interval finds a broken feed quickly.
     """
-    fetched: Mapping[str, Any] | None = None
-    if stats:
-        fetched = _stats_of(getattr(memo, "fetch_stats", fetch_router_stats), snap, namespace)
+    cache: StatsCache = memo.stats
+    if stats and (url := _router_url(snap, namespace)) is not None:
+        cache.refresh((namespace, name), url)  # its answer, if new, wakes this resource again
+    fetched = cache.latest((namespace, name))
     inputs = (snap.fingerprint(), json.dumps(fetched, sort_keys=True, default=str))
     if audit:
         listed = ListReads(_kube(memo)).read(namespace, name)
@@ -272,7 +284,7 @@ def _work(
     t0 = time.perf_counter()
     try:
         outcome = reconcile_snapshot(
-            _kube(memo), namespace, name, snap, fetch_stats=(lambda _url: fetched) if stats else None
+            _kube(memo), namespace, name, snap, fetch_stats=(lambda _url: fetched) if fetched is not None else None
         )
     except ApiError:
         metrics.failed("api")
@@ -347,6 +359,7 @@ async def _pass(
                     if snap is None:
                         return None
                 audit = stats and _audit_due(memo)
+                _stats(memo)  # made on the event loop: its fetches wake resources through it
                 outcome = await loop.run_in_executor(
                     _pool(memo), _work, memo, gate, namespace, name, snap, stats, audit
                 )
@@ -431,6 +444,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     _state(memo)
     _pool(memo)
     _slots(memo)  # here, on the memo kopf copies for each handler call: one set of slots for all
+    _stats(memo)
     with _gates_lock:
         _gates.clear()  # a new run (tests restart in one process): no pass of ours wrote anything yet
     rules.warm_up()
@@ -481,6 +495,8 @@ def _forget(memo: Any, key: tuple[str, str], uid: str | None = None) -> None:
             _gates[key] = gate  # a pass still runs; the next trigger finds the CR gone again
         return
     _state(memo).forget(*key)
+    if (cache := getattr(memo, "stats", None)) is not None:
+        cache.forget(key)
     _forget_bookkeeping(memo, uid, gate.uid if gate is not None else None)
 
 
@@ -517,6 +533,10 @@ async def stop_pool(memo: kopf.Memo, **_: Any) -> None:
     pool: ThreadPoolExecutor | None = getattr(memo, "pool", None)
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)
+    cache: StatsCache | None = getattr(memo, "stats", None)
+    if cache is not None:
+        cache.close()
+        memo.stats = None  # its wake-ups are bound to this run's event loop
     feeds: Feeds | None = getattr(memo, "feeds", None)
     if feeds is not None:
         await feeds.stop()
