@@ -103,6 +103,15 @@ class Api:
             r.read()
 
 
+def _pprof(api: Api, seconds: int, out: Path) -> None:
+    """The API server's Go CPU profile for `seconds` into `out` (read it: `go tool pprof -top
+    BINARY out`)."""
+    url = f"{api.url}/debug/pprof/profile?seconds={seconds}"
+    with urllib.request.urlopen(url, context=api.ctx, timeout=seconds + 60) as r:
+        out.write_bytes(r.read())
+    _log(f"cluster: API server profile ({seconds} s) in {out}")
+
+
 def _cpu(pid: int) -> float:
     return sum(_cpu_split(pid))
 
@@ -254,11 +263,12 @@ def cluster_leg(
     logs: str | None = None,
     controllers: bool = True,
     src: Path | None = None,
+    pprof: str | None = None,
 ) -> list[tuple[str, str]]:
     """One leg on a fresh control plane; `controllers` False: etcd and the API server only;
     `src` a checkout whose operator runs instead of this tree's (through PYTHONPATH)."""
     rows: list[tuple[str, str]] = []
-    cp = ControlPlane(build(), workload_controllers=controllers)
+    cp = ControlPlane(build(), workload_controllers=controllers, apiserver_profiling=pprof is not None)
     cp.start()
     try:
         if controllers:  # without kwok no node goes Ready, and nothing would schedule onto one
@@ -305,6 +315,11 @@ def cluster_leg(
                  *os.environ.get("PY_SPY_FLAGS", "--gil").split(), "--threads", "-o", str(out)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
+        pprofiler = None
+        if pprof:  # the API server's CPU profile over the creates and the converge's start
+            seconds = int(os.environ.get("PDX_PPROF_SECONDS", "20"))
+            pprofiler = threading.Thread(target=_pprof, args=(api, seconds, Path(pprof)), daemon=True)
+            pprofiler.start()
         watched = Generations(api)
         cpu0 = _cpu_split(pid)
         t0 = time.monotonic()
@@ -315,6 +330,8 @@ def cluster_leg(
         done = time.monotonic() - t0 if watched.wait(names, 1, t0 + deadline) else None
         cpu1 = _cpu_split(pid)
         parts1 = {name: _cpu(p) for name, p in components.items()}
+        if pprofiler is not None:
+            pprofiler.join()
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)
             profiler.wait(60)
@@ -441,6 +458,12 @@ def main() -> int:
         help="record the operator with py-spy (`$PY_SPY` or on PATH; flags `$PY_SPY_FLAGS`, default --gil) while "
         "converging: FILE.off, FILE.on",
     )
+    p.add_argument(
+        "--apiserver-pprof",
+        metavar="FILE",
+        help="the API server's Go CPU profile over the first $PDX_PPROF_SECONDS (default 20) s of each cluster "
+        "leg's creates and converge: FILE.off, FILE.on",
+    )
     args = p.parse_args()
     legs: dict[str, list[tuple[str, str]]] = {}
     if not args.no_kmock:
@@ -460,6 +483,7 @@ def main() -> int:
                 f"{args.logs}/{tag}" if args.logs else None,
                 controllers=mode == "on",
                 src=src,
+                pprof=f"{args.apiserver_pprof}.{tag}" if args.apiserver_pprof else None,
             )
     legs = {leg: _counts_in_values(rows) for leg, rows in legs.items()}
     keys: list[str] = []

@@ -392,6 +392,7 @@ class ControlPlane:
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="pdx-control-plane-")))
     keep_workdir: bool = False
     workload_controllers: bool = True
+    apiserver_profiling: bool = False  # /debug/pprof on the API server (benchmarks' CPU profiles)
     url: str = ""
     started_in: float = 0.0
     ports: dict[str, int] = field(default_factory=dict)
@@ -657,7 +658,7 @@ class ControlPlane:
             "--audit-log-format", "json",
             "--audit-log-mode", "blocking",
             "--allow-privileged=true",
-            "--profiling=false",
+            f"--profiling={str(self.apiserver_profiling).lower()}",
         ])  # fmt: skip
         self._wait_healthy("kube-apiserver", f"{self.url}/readyz", self._admin_context())
         if not self.workload_controllers:
