@@ -402,10 +402,11 @@ def test_the_admission_policy_refuses_the_operator_a_write_that_is_not_pdxs(
 # --- edits ---------------------------------------------------------------------------------------
 
 
-def test_patching_the_ttl_rolls_both_statefulsets_to_one_new_hash_and_the_router_never_pairs_two(
-    control_plane: ControlPlane, seed: dict[str, Any]
-) -> None:
-    cp = control_plane
+def _patched_and_rolled(cp: ControlPlane, patch: dict[str, Any]) -> tuple[str, str]:
+    """`kubectl patch` of the resource, then both StatefulSets rolled by the real controller to
+    one new hash, their pods Ready on it and the endpoints file flipped: (old hash, new hash).
+    Every version of the endpoints file seen meanwhile lists engines of one hash only, and once
+    flipped it never goes back."""
     sets = (f"{NAME}-prefill", f"{NAME}-decode")
     wait_for("both StatefulSets rolled out", lambda: all(_rolled_out(cp.get("sts", s, "-n", NS)) for s in sets),
              timeout=SETTLE_SECONDS)  # fmt: skip
@@ -416,7 +417,6 @@ def test_patching_the_ttl_rolls_both_statefulsets_to_one_new_hash_and_the_router
     )
 
     with ObjectWatch(cp, ["configmap", f"{NAME}-endpoints", "-n", NS]) as watch:
-        patch = {"spec": {"kvTransfer": {"decoderKvBlocksTtlSeconds": 600}}}
         cp.kubectl("patch", "dinf", NAME, "-n", NS, "--type=merge", "-p", json.dumps(patch))
 
         def rolled() -> str | None:
@@ -447,11 +447,46 @@ def test_patching_the_ttl_rolls_both_statefulsets_to_one_new_hash_and_the_router
     # Once flipped, never back.
     first_new = next(i for i, gens in enumerate(seen) if gens == {new})
     assert all(old not in gens for gens in seen[first_new:]), seen
+    return old, new
+
+
+def _kv_transfer_config(cp: ControlPlane, role: str) -> dict[str, Any]:
+    """The `--kv-transfer-config` JSON the engine of `role` is started with."""
+    sts = cp.get("sts", f"{NAME}-{role}", "-n", NS)
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    argv = [*container.get("command", []), *container.get("args", [])]
+    flag = argv.index("--kv-transfer-config")
+    config: dict[str, Any] = json.loads(argv[flag + 1])
+    return config
+
+
+def test_patching_the_ttl_rolls_both_statefulsets_to_one_new_hash_and_the_router_never_pairs_two(
+    control_plane: ControlPlane, seed: dict[str, Any]
+) -> None:
+    cp = control_plane
+    _patched_and_rolled(cp, {"spec": {"kvTransfer": {"decoderKvBlocksTtlSeconds": 600}}})
     # The real StatefulSet controller made a new ControllerRevision for each set.
     revisions = cp.get("controllerrevisions", "-n", NS, "-l", _instance())["items"]
     assert len(revisions) >= 4
     row = cp.kubectl("get", "dinf", NAME, "-n", NS, "-o", "jsonpath={.spec.kvTransfer.decoderKvBlocksTtlSeconds}")
     assert row.stdout == "600"
+
+
+def test_switching_bidirectional_off_and_on_rolls_both_roles_each_time_and_back_to_the_same_hash(
+    control_plane: ControlPlane, seed: dict[str, Any]
+) -> None:
+    cp = control_plane
+    assert all(_kv_transfer_config(cp, role)["kv_connector_extra_config"]["bidirectional_kv_xfer"]
+               for role in ("prefill", "decode"))  # fmt: skip
+    on, off = _patched_and_rolled(cp, {"spec": {"kvTransfer": {"bidirectional": False}}})
+    for role in ("prefill", "decode"):
+        assert _kv_transfer_config(cp, role)["kv_connector_extra_config"]["bidirectional_kv_xfer"] is False
+    assert cp.get("dinf", NAME, "-n", NS)["status"]["configHash"] == off
+    back, on_again = _patched_and_rolled(cp, {"spec": {"kvTransfer": {"bidirectional": True}}})
+    assert back == off
+    assert on_again == on  # the hash is the configuration's: the same spec, the same engines
+    for role in ("prefill", "decode"):
+        assert _kv_transfer_config(cp, role)["kv_connector_extra_config"]["bidirectional_kv_xfer"] is True
 
 
 # --- other kinds -----------------------------------------------------------------------------------
