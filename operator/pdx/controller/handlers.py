@@ -266,10 +266,10 @@ def _work(
     up as a difference, is logged, and that resource is repaired at once. Watches fail for
     all resources alike, so auditing one resource per interval finds a broken feed quickly.
     """
-    cache: StatsCache = memo.stats
-    if stats and (url := _router_url(snap, namespace)) is not None:
+    cache: StatsCache | None = getattr(memo, "stats", None)  # None: a pass run outside the operator
+    if cache is not None and stats and (url := _router_url(snap, namespace)) is not None:
         cache.refresh((namespace, name), url)  # its answer, if new, wakes this resource again
-    fetched = cache.latest((namespace, name))
+    fetched = cache.latest((namespace, name)) if cache is not None else None
     inputs = (snap.fingerprint(), json.dumps(fetched, sort_keys=True, default=str))
     if audit:
         listed = ListReads(_kube(memo)).read(namespace, name)
