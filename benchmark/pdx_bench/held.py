@@ -36,14 +36,18 @@ class HeldFigures:
         )
 
 
-async def read_holds(session: aiohttp.ClientSession, decode_urls: Sequence[str]) -> HeldFigures | None:
-    """The decodes' counters now; None when one has no holds route (no pdx plugin) or no answer."""
+async def read_holds(
+    session: aiohttp.ClientSession, decode_urls: Sequence[str], release_unclaimed: bool = False
+) -> HeldFigures | None:
+    """The decodes' counters now; None when one has no holds route (no pdx plugin) or no answer.
+    `release_unclaimed`: first have each decode let go of every hold nobody claims, so that a
+    point starts from what it does itself, not from the holds of the point (or part) before."""
     releases = waited = trims = lapsed = 0
     for url in decode_urls:
         try:
             async with session.post(
                 url.rstrip("/") + contract.PATH,
-                json=contract.HoldsRequest().to_json(),
+                json=contract.HoldsRequest(release_unclaimed=release_unclaimed).to_json(),
                 timeout=aiohttp.ClientTimeout(total=30),
             ) as resp:
                 if resp.status != 200:

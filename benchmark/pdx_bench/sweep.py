@@ -647,7 +647,7 @@ async def run_leg(
                     replace(spec, text_salt=salt + point.salt), counter, label=f"{run_id}-{name}{point.label}"
                 )
                 decodes = ep.engine_urls.get("decode", [])
-                before = await read_holds(session, decodes)
+                before = await read_holds(session, decodes, release_unclaimed=True)  # from an empty decode
                 res, engines = await _group(
                     session, scraper, ep.router_url, model, workload, counter, cfg, name, progress
                 )

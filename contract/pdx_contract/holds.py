@@ -47,6 +47,10 @@ class HoldsRequest(Document):
     release_claim: list[HoldId] = Field(default_factory=list, max_length=MAX_IDS)
     since: int = Field(default=0, ge=0)
     """The last `HoldsAnswer.seq` this caller saw: the answer names the releases after it."""
+    release_unclaimed: bool = False
+    """Release every hold nobody has claimed, now (after this request's own claims and drops):
+    a benchmark starts each point from an empty decode, not from the last point's holds. Not
+    counted as pressure; the answer's ``released`` names them, so routers stop attaching them."""
     lease: bool = False
     """The caller caps every read of the holds it claims here at the answer's `claim_expiry`
     (prefill's `remote_blocks_expiry_time`: vLLM declines a read that would start within its

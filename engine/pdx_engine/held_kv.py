@@ -256,7 +256,7 @@ class Holds:
         return {hold: self._kept[hold] for hold in ids if hold in self._kept}
 
     def released(self, hold: str, pressure: bool = True) -> None:
-        """``hold`` was freed early (under pressure, or superseded): forget it, and expect the
+        """``hold`` was freed early (under pressure, superseded, or asked): forget it, and expect the
         worker to report it once more."""
         if self._held.get(hold, 0) > 0:
             self.lapsed += 1  # only a claim past its lease lets a claimed hold go
@@ -561,6 +561,9 @@ def answer(scheduler: Any, request: contract.HoldsRequest) -> contract.HoldsAnsw
         return contract.HoldsAnswer(valve=False)
     holds.release_claim(list(request.release_claim))
     held = holds.claim(list(request.claim), leased=request.lease)
+    if request.release_unclaimed:
+        for hold in holds.unclaimed():
+            release(scheduler, holds, hold, pressure=False)
     return contract.HoldsAnswer(
         held=held,
         claim_expiry=time.perf_counter() + holds.lease if held and request.lease else None,

@@ -9,7 +9,7 @@ import pytest
 from pdx_bench.held import HeldFigures, held_demand, overcommit, read_holds
 from pdx_bench.points import point_stats, to_json
 from pdx_bench.records import RequestRecord
-from pdx_router.testing.fake_engine import Cluster, EngineOptions, start_engine
+from pdx_router.testing.fake_engine import Cluster, EngineOptions, Held, start_engine
 
 
 def record(conversation: str, turn: int, prompt: int, output: int = 32, leg: str = "on") -> RequestRecord:
@@ -86,3 +86,19 @@ async def test_decodes_counts_are_read_from_its_holds_route_and_absent_without_i
 def test_figures_change_over_a_point() -> None:
     assert HeldFigures(5, 2, 7).since(HeldFigures(3, 2, 1)) == HeldFigures(2, 0, 6)
     assert HeldFigures(5, 2, 7, 3).since(HeldFigures(3, 2, 1, 1)) == HeldFigures(2, 0, 6, 2)
+
+
+async def test_a_point_starts_from_an_empty_decode_its_unclaimed_holds_released_first() -> None:
+    cluster = Cluster()
+    _, runner, url = await start_engine(cluster, EngineOptions("decode", "d0", valve=True))
+    cluster.held[("d0", "idle")] = Held(token_ids=[1, 2], block_ids=[7], expiry=1e12)
+    cluster.held[("d0", "being-read")] = Held(token_ids=[3, 4], block_ids=[8], expiry=1e12)
+    cluster.claims[("d0", "being-read")] = 1
+    try:
+        async with aiohttp.ClientSession() as session:
+            assert await read_holds(session, [url]) == HeldFigures(0, 0)
+            assert ("d0", "idle") in cluster.held  # reading the counters alone releases nothing
+            assert await read_holds(session, [url], release_unclaimed=True) == HeldFigures(0, 0)  # not pressure
+            assert set(cluster.held) == {("d0", "being-read")}  # a claimed hold stays
+    finally:
+        await runner.cleanup()

@@ -268,6 +268,19 @@ def test_a_request_that_does_not_fit_releases_held_turns_youngest_first(patched:
     assert answer.waited == 0  # it found room: it never waited
 
 
+def test_asked_to_release_the_unclaimed_holds_decode_frees_all_but_the_claimed_ones(
+    patched: type[FakeScheduler],
+) -> None:
+    sched = patched(blocks=10)
+    for req_id in ("a", "b", "c"):
+        _finish_turn(sched, req_id, 3)
+    assert held_kv.answer(sched, contract.HoldsRequest(claim=["b"])).held == ["b"]
+    answer = held_kv.answer(sched, contract.HoldsRequest(release_unclaimed=True))
+    assert "a" not in sched.requests and "c" not in sched.requests and "b" in sched.requests
+    assert sorted(answer.released) == ["a", "c"]  # routers learn of them as of any early release
+    assert (answer.releases, answer.held_blocks) == (0, 3)  # not pressure; the claimed one stays
+
+
 def test_with_the_valve_off_a_request_waits_behind_held_kv_and_is_counted() -> None:
     module = types.ModuleType(held_kv.SCHEDULER)
     module.Scheduler = type("Scheduler", (FakeScheduler,), {})  # type: ignore[attr-defined]

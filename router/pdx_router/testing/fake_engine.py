@@ -205,8 +205,8 @@ class FakeEngine:
         self.auth: list[str | None] = []  # each request's Authorization header, in order
         self.cancelled = 0
         self.healthy = True
-        self.releases = 0
-        self.released: list[str] = []  # in release order: the answers' `released` after `since`
+        self.releases = 0  # under pressure (`release`)
+        self.released: list[str] = []  # in release order (any kind): the answers' `released` after `since`
         self.kept: dict[str, int] = {}  # holds shortened by `shorten`: the tokens still held
         self.trims = 0
         self._ids = itertools.count(1)
@@ -305,9 +305,14 @@ class FakeEngine:
         held = [rid for rid in asked.claim if (engine, rid) in self.cluster.held]
         for rid in held:
             self.cluster.claims[(engine, rid)] += 1
+        if asked.release_unclaimed:
+            for e, rid in [k for k in self.cluster.held if k[0] == engine and self.cluster.claims[k] == 0]:
+                del self.cluster.held[(e, rid)]
+                self.released.append(rid)  # named to routers, not counted as pressure
         mine = [h for (e, _), h in self.cluster.held.items() if e == engine]
         blocks = sum(len(h.block_ids) for h in mine)
-        since = asked.since if asked.since <= self.releases else 0
+        seq = len(self.released)
+        since = asked.since if asked.since <= seq else 0
         answer = holds_contract.HoldsAnswer(
             held=held,
             claim_expiry=time.perf_counter() + holds_contract.CLAIM_LEASE_S if held and asked.lease else None,
@@ -318,7 +323,7 @@ class FakeEngine:
             capacity_blocks=1024,
             releases=self.releases,
             released=self.released[since:][-holds_contract.MAX_IDS :],
-            seq=self.releases,
+            seq=seq,
         )
         return self.json_response(answer.to_json())
 
