@@ -367,9 +367,9 @@ class Router:
 
     async def _claim(self, attempt: Attempt, ask: ClientRequest) -> Claimed | None:
         """Pin the held KV this try reads on the decode that holds it (policy.holds)."""
-        hold = holds.hold_id(attempt.kv)
         decode = holds.holder(self.pool.endpoints, attempt.plan.affinity)
-        if hold is None or decode is None or decode.claims is False:
+        hold = holds.claimable(attempt.kv, decode)  # asked again: the gate's wait may have changed it
+        if hold is None or decode is None:
             return None
         if holds.known_released(decode, hold):  # decode said so already: no call
             self.metrics.claim(Claim.GONE)

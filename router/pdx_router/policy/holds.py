@@ -59,12 +59,18 @@ def parse(status: int, body: Any) -> HoldsAnswer | None:
         return None
 
 
-def would_claim(kv: dict[str, Any] | None, decode: Endpoint | None) -> bool:
-    """Whether a try reading `kv` claims its hold on `decode` first (`Router._claim`): a hold to
-    name, its decode known and answering claims (an engine without the valve is never asked),
-    and the hold not already known released."""
+def claimable(kv: dict[str, Any] | None, decode: Endpoint | None) -> str | None:
+    """The hold a try reading `kv` would claim on `decode`: None without a hold to name, without
+    its decode, or when that decode answers no claims (an engine without the valve is never asked)."""
     hold = hold_id(kv)
-    return hold is not None and decode is not None and decode.claims is not False and not known_released(decode, hold)
+    return hold if decode is not None and decode.claims is not False else None
+
+
+def would_claim(kv: dict[str, Any] | None, decode: Endpoint | None) -> bool:
+    """Whether a try reading `kv` claims its hold on `decode` first (`Router._claim`): a hold it
+    may claim, not already known released."""
+    hold = claimable(kv, decode)
+    return hold is not None and decode is not None and not known_released(decode, hold)
 
 
 def known_released(decode: Endpoint, hold: str) -> bool:
