@@ -359,7 +359,6 @@ async def _pass(
                     if snap is None:
                         return None
                 audit = stats and _audit_due(memo)
-                _stats(memo)  # made on the event loop: its fetches wake resources through it
                 outcome = await loop.run_in_executor(
                     _pool(memo), _work, memo, gate, namespace, name, snap, stats, audit
                 )
@@ -444,7 +443,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     _state(memo)
     _pool(memo)
     _slots(memo)  # here, on the memo kopf copies for each handler call: one set of slots for all
-    _stats(memo)
+    _stats(memo)  # on the event loop: its fetches wake resources through the worker
     with _gates_lock:
         _gates.clear()  # a new run (tests restart in one process): no pass of ours wrote anything yet
     rules.warm_up()
