@@ -223,8 +223,8 @@ def _parts_gpu() -> tuple[Part, ...]:
     return (
         Part("sweep", "the seed's sweep to 32k, OFF, ON and the bound (the held-KV valve on: the default)",
              (OFF, ON), (2000, 8000, 16000, 24000, 32000), replace(base, seed=0)),
-        Part("suffix2k", "2k-token suffixes at 12k and 20k: ON/bound on the D->P path",
-             (ON, OFF), (12000, 20000), replace(base, seed=1), suffixes=(2000,)),
+        Part("suffix2k", "2k-token suffixes at 12k and 20k: ON (an idle decode takes them) and the D->P path, "
+             "each over the bound", (ON, DP, OFF), (12000, 20000), replace(base, seed=1), suffixes=(2000,)),
         Part("agentic", f"the agentic mix at 16k ({AGENTIC.describe()})",
              (ON, OFF), (16000,), replace(base, turns=5, conversations=6, seed=2, suffix_mix=AGENTIC)),
         Part("tpot", "decode-local at the default threshold against D->P, 3 streams decoding: their TPOT",
@@ -248,7 +248,8 @@ def _parts_cpu() -> tuple[Part, ...]:
     local = Leg("local", (("kvTransfer.bidirectional", True), ("router.decodeLocalMaxTokens", 128)))
     return (
         Part("sweep", "the sweep, OFF, ON and the bound", (OFF, ON), (256, 1024), replace(base, seed=0)),
-        Part("suffix2k", "long suffixes: ON/bound", (ON, OFF), (512,), replace(base, seed=1), suffixes=(256,)),
+        Part("suffix2k", "long suffixes: ON and D->P over the bound", (ON, DP, OFF), (512,), replace(base, seed=1),
+             suffixes=(256,)),
         Part("agentic", f"the mix {CPU_MIX.describe()}", (ON, OFF), (512,),
              replace(base, turns=4, conversations=3, seed=2, suffix_mix=CPU_MIX)),
         Part("tpot", "decode-local against D->P with a stream", (DP, local), (512,),

@@ -103,17 +103,24 @@ def seed_table(sweep: Path) -> tuple[str, dict[str, Any]]:
 
 
 def _rows_table(summary: dict[str, Any]) -> str:
-    headers = ("prefix", "OFF p50", "OFF p90", "ON p50", "ON p90", "OFF/ON", "bound p50", "ON/bound")
+    """OFF, ON and the bound per prefix; with a `dp` leg (ON through prefill, decode-local off),
+    the D->P path over the same bound too."""
+    headers: tuple[str, ...] = ("prefix", "OFF p50", "OFF p90", "ON p50", "ON p90", "OFF/ON", "bound p50", "ON/bound")
+    dp = {p["prefix_tokens"]: p for p in summary.get("points", []) if p.get("leg") == "dp"}
+    if dp:
+        headers += ("D->P p50", "D->P/bound")
     body = []
     for r in summary.get("rows", []):
         off, on, bound = r.get("off") or {}, r.get("on") or {}, r.get("bound") or {}
-        body.append(
-            (
-                str(r["length"]), cell(off.get("ttft_p50")), cell(off.get("ttft_p90")), cell(on.get("ttft_p50")),
-                cell(on.get("ttft_p90")), cell(r.get("ratio"), "{:.2f}x"), cell(bound.get("ttft_p50")),
-                cell(r.get("on_over_bound"), "{:.2f}x"),
-            )
+        row: tuple[str, ...] = (
+            str(r["length"]), cell(off.get("ttft_p50")), cell(off.get("ttft_p90")), cell(on.get("ttft_p50")),
+            cell(on.get("ttft_p90")), cell(r.get("ratio"), "{:.2f}x"), cell(bound.get("ttft_p50")),
+            cell(r.get("on_over_bound"), "{:.2f}x"),
         )  # fmt: skip
+        if dp:
+            p50 = (dp.get(r["length"]) or {}).get("ttft_p50")
+            row += (cell(p50), cell(_ratio(p50, bound.get("ttft_p50")), "{:.2f}x"))
+        body.append(row)
     return markdown(headers, body)
 
 
@@ -164,7 +171,7 @@ def _points_table(summary: dict[str, Any]) -> str:
 
 
 SECTIONS = (
-    ("suffix2k", "2k-token suffixes: ON/bound on the D->P path (target at most 1.25x)"),
+    ("suffix2k", "2k-token suffixes: ON and the D->P path over the bound (target at most 1.25x)"),
     ("agentic", "The agentic mix: outcomes and ON/bound per suffix bucket"),
     ("load", "Load: 8 clients, OFF and ON"),
     ("overcommit", "One overcommit point: held KV over decode's cache, the valve on"),

@@ -109,6 +109,10 @@ class RouterConfig(Document):
     """Such a turn goes local only while its decode has fewer requests than this in flight
     (the router's own count, or the engine's running + waiting, whichever is higher): a local
     prefill delays the tokens of every stream that decode is generating."""
+    decode_local_idle_max_tokens: int = Field(default=0, ge=0)
+    """While that decode has nothing in flight (the same count), a turn of up to this many new
+    tokens goes local too: an idle decode delays nobody. Below decode_local_max_tokens it changes
+    nothing; decode-local off (0 above) turns it off too."""
     claim_queue_tokens: int = Field(default=32768, ge=0)
     """A turn that reads held KV claims its hold only once its prefill has at most this many
     prompt tokens (estimated) of the router's requests in flight; until then it waits in the

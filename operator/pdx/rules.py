@@ -210,6 +210,18 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
+        field="router.decodeLocalIdleMaxTokens",
+        expression=(
+            "!has(self.router.decodeLocalIdleMaxTokens) || !has(self.router.decodeLocalMaxTokens) || "
+            "self.router.decodeLocalIdleMaxTokens == 0 || "
+            "self.router.decodeLocalIdleMaxTokens >= self.router.decodeLocalMaxTokens"
+        ),
+        message=(
+            "router.decodeLocalIdleMaxTokens below decodeLocalMaxTokens would change nothing (an idle decode "
+            "already takes those turns): raise it to at least decodeLocalMaxTokens, or set 0 to turn it off"
+        ),
+    ),
+    Rule(
         field="router.store.url",
         expression="self.router.store.kind != 'redis' || has(self.router.store.url)",
         message="router.store.url is required when router.store.kind is redis: set redis://HOST:6379/0",

@@ -217,6 +217,8 @@ class RoleSpec(_Spec):
 GPU_BLOCK_SIZE = 128
 # router.decodeLocalMaxTokens unset, on GPUs (RouterSpec.decode_local_max_tokens says why).
 GPU_DECODE_LOCAL_MAX_TOKENS = 1024
+# router.decodeLocalIdleMaxTokens unset, on GPUs (RouterSpec.decode_local_idle_max_tokens says why).
+GPU_DECODE_LOCAL_IDLE_MAX_TOKENS = 8192
 
 # kv_lease_duration (vLLM 0.32 nixl/base_scheduler.py, base_worker.py): decode heartbeats every
 # lease // 6 s, each renewal holds prefill's blocks lease * 2 // 3 s from its arrival.
@@ -390,6 +392,15 @@ class RouterSpec(_Spec):
     decode_local_max_busy: int = Field(default=4, ge=1)
     """A turn goes decode-local only while its decode has fewer requests in flight than this
     (the router's count, or the engine's running + waiting, whichever is higher)."""
+    decode_local_idle_max_tokens: int | None = Field(default=None, ge=0, le=1 << 20)
+    """While its decode has nothing in flight (the same count), a follow-up turn of up to this many
+    new tokens goes decode-local too: a tool's output or a file, which decodeLocalMaxTokens sends
+    the D->P way. An idle decode delays no stream, and the same turn sent whole to the decode that
+    holds it is the bound the D->P path is measured against (the D->P path answered 2k-token
+    suffixes in 1.5-1.6x of it on an H100, docs/results/h100-2026-12-06-wave). A request arriving
+    during the local prefill waits for it (for a chunk of it). 0: off; at least
+    decodeLocalMaxTokens when set; decode-local off turns it off too. Unset: 8192 on GPUs, 0 on
+    CPU (where decode's prefill is slower than prefill's, docs/router.md)."""
     claim_queue_tokens: int = Field(default=32768, ge=0, le=1 << 30)
     """A follow-up turn that reads decode's held KV claims it (pins it against release under
     pressure) only once its prefill has at most this many prompt tokens of the router's requests
@@ -601,6 +612,12 @@ class DisaggregatedInferenceSpec(_Spec):
         if self.router.decode_local_max_tokens is not None:
             return self.router.decode_local_max_tokens
         return GPU_DECODE_LOCAL_MAX_TOKENS if self.kv_buffer_device == "cuda" else 0
+
+    @property
+    def decode_local_idle_max_tokens(self) -> int:
+        if self.router.decode_local_idle_max_tokens is not None:
+            return self.router.decode_local_idle_max_tokens
+        return GPU_DECODE_LOCAL_IDLE_MAX_TOKENS if self.kv_buffer_device == "cuda" else 0
 
     @property
     def prefill_affinity(self) -> bool:

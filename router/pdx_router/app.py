@@ -96,7 +96,9 @@ class Router:
         self.metrics = Metrics()
         self.metrics.watch_decodes(lambda: self.pool.endpoints)
         self.discovery = Discovery(cfg, self.pool, self.upstream)
-        self.local_rule = local.Rule(cfg.decode_local_max_tokens, cfg.decode_local_max_busy)
+        self.local_rule = local.Rule(
+            cfg.decode_local_max_tokens, cfg.decode_local_max_busy, cfg.decode_local_idle_max_tokens
+        )
         self.front = shapes.Front(
             cfg.tenancy,
             cfg.served_model_name,
@@ -409,7 +411,7 @@ class Router:
             tail = local.suffix_messages(messages, ask.history, plan.turn)
             if tail is not None:
                 encode = self.chat_tokens.encode if self.chat_tokens is not None else None
-                suffix = local.count_tokens(tail, encode, cap=rule.max_tokens)
+                suffix = local.count_tokens(tail, encode, cap=rule.cap)
         why = local.decide(plan, suffix, holder, rule)
         if why is not local.Why.LOCAL:
             self.metrics.local_skipped(why)

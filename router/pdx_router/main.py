@@ -52,6 +52,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="prefill a follow-up turn with at most this many new tokens on the decode holding it (0: never)",
     )
     p.add_argument("--decode-local-max-busy", type=int, help="...only while that decode has fewer in flight")
+    p.add_argument(
+        "--decode-local-idle-max-tokens", type=int, help="...and up to this many while it has nothing in flight"
+    )
     p.add_argument("--engine-api-key-file", help="file with the engines' API key (sent in place of the client's)")
     p.add_argument("--endpoints-file")
     p.add_argument("--tokenizer", help="model directory: tokenize reused chat turns here, not via /tokenize")
@@ -97,6 +100,7 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
         conversation_from=args.conversation_from,
         decode_local_max_tokens=args.decode_local_max_tokens,
         decode_local_max_busy=args.decode_local_max_busy,
+        decode_local_idle_max_tokens=args.decode_local_idle_max_tokens,
         engine_api_key_file=args.engine_api_key_file,
         endpoints_file=args.endpoints_file,
         tokenizer=args.tokenizer,

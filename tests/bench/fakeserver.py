@@ -173,9 +173,11 @@ class FakeRouter:
     prefill: FakeEngine | None = None  # engines that book what each request costs them
     decode: FakeEngine | None = None
     # router.decodeLocalMaxTokens and decodeLocalMaxBusy: a follow-up turn of at most this many new
-    # tokens (its last message, as _prompt_tokens counts) goes `local` while fewer are in flight
+    # tokens (its last message, as _prompt_tokens counts) goes `local` while fewer are in flight;
+    # decodeLocalIdleMaxTokens: up to this many while none is
     decode_local_max_tokens: int = 0
     decode_local_max_busy: int = 4
+    decode_local_idle_max_tokens: int = 0
     in_flight: int = 0
     # A local turn's prefill runs in decode's batch: every stream's next token waits this long.
     local_stall_s: float = 0.0
@@ -213,7 +215,10 @@ class FakeRouter:
         if turn == 1 or not self.bidirectional:
             return "miss"
         new = len(body["messages"][-1]["content"].split()) + 4
-        local = new <= self.decode_local_max_tokens and self.in_flight < self.decode_local_max_busy
+        if self.decode_local_max_tokens <= 0:
+            return "hit"
+        short = new <= self.decode_local_max_tokens and self.in_flight < self.decode_local_max_busy
+        local = short or (new <= self.decode_local_idle_max_tokens and self.in_flight <= 1)  # itself only
         return "local" if local else "hit"
 
     async def chat(self, req: web.Request) -> web.StreamResponse:
@@ -392,6 +397,7 @@ class FakeTopology:
         router = document["spec"].get("router", {})
         self._fake.fake.decode_local_max_tokens = int(router.get("decodeLocalMaxTokens", 0))
         self._fake.fake.decode_local_max_busy = int(router.get("decodeLocalMaxBusy", 4))
+        self._fake.fake.decode_local_idle_max_tokens = int(router.get("decodeLocalIdleMaxTokens", 0))
 
     def reconfigure_router(self, document: dict[str, Any]) -> None:
         """A new router process: the new fields, no entries; the engines are the same."""

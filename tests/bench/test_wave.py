@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -143,6 +144,8 @@ def test_the_whole_wave_on_fakes_three_engine_starts_each_part_packed_and_report
     assert "| 24000 | - | 778 | 460 | 1.69x |" in report  # the seed's end, where this run had no 24k point
     for heading in ("2k-token suffixes", "The agentic mix", "Load: 8 clients", "One overcommit point", "Decode-local"):
         assert heading in report
+    suffix2k = report.split("## 2k-token suffixes")[1].split("##")[0]
+    assert "| D->P p50 | D->P/bound |" in suffix2k and not re.search(r"\| - \| - \|\n", suffix2k), suffix2k
     rows = json.loads((out / "report.json").read_text())["sweep"]["rows"]
     mine = next(r for r in rows if r["length"] == 256)
     assert mine["off_mean"] > 0 and mine["on_p50"] > 0 and mine["bound_p50"] > 0 and mine["first_on_over_off"] > 0

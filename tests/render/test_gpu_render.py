@@ -11,6 +11,7 @@ import pytest
 
 from pdx.render import engines, render
 from pdx.render.engines import kv_transfer_config, serve_args
+from pdx.render.router import router_config
 from pdx.resource import SpecError
 from pdx.spec import GPU_DECODE_LOCAL_MAX_TOKENS
 from tests.render.test_render import by_kind, target
@@ -115,3 +116,16 @@ def test_the_routers_threshold_changes_no_engine_argument() -> None:
     """A router field rolls only the router: decode's graphs follow the GPU default, not the field."""
     off = target(spec__router__decodeLocalMaxTokens=0)
     assert serve_args(off, "decode") == serve_args(target(), "decode")
+
+
+def test_an_idle_decode_takes_long_suffixes_on_gpus_and_none_on_cpu() -> None:
+    gpu, cpu = target(), target(ROOT / "examples" / "local-cpu.yaml")
+    assert router_config(gpu, "g").decode_local_idle_max_tokens == 8192
+    assert router_config(cpu, "g").decode_local_idle_max_tokens == 0
+    assert router_config(target(spec__router__decodeLocalIdleMaxTokens=2048), "g").decode_local_idle_max_tokens == 2048
+
+
+def test_an_idle_bound_below_the_busy_one_is_refused_with_the_field_and_the_fix() -> None:
+    with pytest.raises(SpecError, match=r"router\.decodeLocalIdleMaxTokens below decodeLocalMaxTokens.*at least"):
+        target(spec__router__decodeLocalMaxTokens=1024, spec__router__decodeLocalIdleMaxTokens=512)
+    assert target(spec__router__decodeLocalMaxTokens=1024, spec__router__decodeLocalIdleMaxTokens=0)

@@ -123,6 +123,23 @@ async def test_a_busy_decode_sends_the_turn_through_prefill(
     assert 'pdx_router_decode_local_skipped_total{why="busy"} 1.0' in await metrics(http, s)
 
 
+async def test_a_long_suffix_goes_local_on_an_idle_decode_and_through_prefill_beside_a_stream(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(
+        decode_opts={"token_delay": 0.05, "output_tokens": 20}, decode_local_idle_max_tokens=4096, **LOCAL_ON
+    )
+    tool_output = " ".join(["result"] * 600)  # above decodeLocalMaxTokens (256), below the idle bound
+    _, _, msgs = await turn(http, s, [user(LONG)], "c1")
+    idle, _, msgs = await turn(http, s, [*msgs, user(tool_output)], "c1")
+    other = asyncio.create_task(chat(http, s.url, [user("a long answer elsewhere")], conversation="c2", stream=True))
+    await asyncio.sleep(0.2)  # c2 is streaming from the one decode
+    beside, _, _ = await turn(http, s, [*msgs, user(tool_output)], "c1")
+    assert (await other)[0] == 200
+    assert (idle, beside) == ("local", "hit")
+    assert 'pdx_router_decode_local_skipped_total{why="long"} 1.0' in await metrics(http, s)
+
+
 async def test_a_local_turn_the_decode_fails_goes_through_prefill_once(
     make_stack: StackFactory, http: aiohttp.ClientSession
 ) -> None:

@@ -45,6 +45,26 @@ def test_a_turn_goes_through_prefill_when(
     assert local.decide(plan, suffix, holder, rule) is why
 
 
+IDLE = Rule(max_tokens=512, max_busy=2, idle_max_tokens=8192)
+
+
+def test_a_long_suffix_goes_local_only_while_its_decode_has_nothing_in_flight() -> None:
+    assert local.decide(PLAN, 2000, ep("decode", HOLDER), IDLE) is Why.LOCAL
+    assert local.decide(PLAN, 8192, ep("decode", HOLDER), IDLE) is Why.LOCAL
+    assert local.decide(PLAN, 2000, ep("decode", HOLDER, load=1), IDLE) is Why.LONG
+    assert local.decide(PLAN, 8193, ep("decode", HOLDER), IDLE) is Why.LONG
+    other_routers = ep("decode", HOLDER)
+    other_routers.engine_load = 1
+    assert local.decide(PLAN, 2000, other_routers, IDLE) is Why.LONG
+
+
+def test_the_idle_bound_is_off_with_decode_local_and_below_the_busy_one() -> None:
+    assert local.decide(PLAN, 300, ep("decode", HOLDER), Rule(0, 2, 8192)) is Why.OFF
+    assert Rule(0, 2, 8192).cap == 0
+    assert local.decide(PLAN, 400, ep("decode", HOLDER, load=1), Rule(512, 2, 100)) is Why.LOCAL
+    assert (IDLE.cap, Rule(512, 2, 100).cap) == (8192, 512)
+
+
 def test_the_engines_own_queue_counts_as_busy_when_it_is_the_longer() -> None:
     holder = ep("decode", HOLDER, load=0)
     holder.engine_load = 5  # other router replicas' turns

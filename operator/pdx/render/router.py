@@ -56,6 +56,7 @@ def router_config(target: Target, config_hash: str) -> RouterConfig:
         conversation_from=router.conversation_from,
         decode_local_max_tokens=spec.decode_local_max_tokens,
         decode_local_max_busy=router.decode_local_max_busy,
+        decode_local_idle_max_tokens=spec.decode_local_idle_max_tokens,
         claim_queue_tokens=router.claim_queue_tokens,
         prefill_affinity=spec.prefill_affinity,
         reuse_headers=router.reuse_headers,

@@ -39,7 +39,7 @@ class Why(StrEnum):
     OFF = "off"  # decodeLocalMaxTokens is 0 (not counted)
     NOT_HELD = "not_held"  # no usable entry: the turn goes through prefill anyway (not counted)
     UNKNOWN = "unknown"  # what the decode lacks cannot be told: the history was edited, or not kept
-    LONG = "long"  # more new tokens than decodeLocalMaxTokens
+    LONG = "long"  # more new tokens than decodeLocalMaxTokens (than decodeLocalIdleMaxTokens on an idle decode)
     BUSY = "busy"  # the decode has decodeLocalMaxBusy requests in flight, or more
     HOLDER = "holder"  # the decode that holds it serves no new turns (draining, unhealthy, other generation)
 
@@ -49,10 +49,16 @@ SKIPPED: Final = (Why.UNKNOWN, Why.LONG, Why.BUSY, Why.HOLDER)
 
 @dataclass(frozen=True)
 class Rule:
-    """router.json's decodeLocalMaxTokens and decodeLocalMaxBusy."""
+    """router.json's decodeLocalMaxTokens, decodeLocalMaxBusy and decodeLocalIdleMaxTokens."""
 
     max_tokens: int = 0
     max_busy: int = 4
+    idle_max_tokens: int = 0
+
+    @property
+    def cap(self) -> int:
+        """The most new tokens any turn may have to go local (on an idle decode)."""
+        return max(self.max_tokens, self.idle_max_tokens) if self.max_tokens > 0 else 0
 
 
 def suffix_messages(messages: Sequence[Any], history: History | None, turn: bytes | None) -> Sequence[Any] | None:
@@ -97,7 +103,8 @@ def busy(decode: Endpoint) -> int:
 
 def decide(plan: TurnPlan, suffix_tokens: int | None, holder: Endpoint | None, rule: Rule) -> Why:
     """Local when decode-local is on, the turn's entry is usable, its decode serves and is not
-    busy, and the new tokens are known and few. `holder` is the decode `engines.choose_decode`
+    busy, and the new tokens are known and few: at most max_tokens, or at most idle_max_tokens
+    while the decode has nothing in flight. `holder` is the decode `engines.choose_decode`
     picked for the turn (it must be the entry's)."""
     if rule.max_tokens <= 0:
         return Why.OFF
@@ -108,7 +115,7 @@ def decide(plan: TurnPlan, suffix_tokens: int | None, holder: Endpoint | None, r
     if suffix_tokens is None:
         return Why.UNKNOWN
     if suffix_tokens > rule.max_tokens:
-        return Why.LONG
+        return Why.LOCAL if suffix_tokens <= rule.idle_max_tokens and busy(holder) == 0 else Why.LONG
     if busy(holder) >= rule.max_busy:
         return Why.BUSY
     return Why.LOCAL
