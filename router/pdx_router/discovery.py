@@ -18,6 +18,7 @@ from pdx_contract.endpoints import EndpointsDocument, PublishedEndpoint, Role
 from .claims import holds_call
 from .config import ConfigError, RouterConfig
 from .endpoints import Endpoint
+from .policy import local
 from .upstream import Upstream, block_size_from_metrics, load_from_metrics
 
 FAILURE_THRESHOLD = 3
@@ -188,13 +189,15 @@ class Discovery:
             log.info("%s %s is now %s", ep.role, ep.url, "healthy" if healthy else "unhealthy")
         ep.healthy = healthy
         load = self.cfg.decode_local_max_tokens > 0
-        ep.engine_load = None  # unknown until this check's scrape says
+        ep.others_load = None  # unknown until this check's scrape says
         if healthy and ep.role == "decode" and (ep.block_size is None or load):
             with contextlib.suppress(Exception):
+                own = ep.outstanding
                 status, text = await self.upstream.get(ep.url + "/metrics", timeout)
                 if status == 200:
                     ep.block_size = ep.block_size or block_size_from_metrics(text)
-                    ep.engine_load = load_from_metrics(text) if load else None
+                    if load:
+                        ep.others_load = local.others_load(load_from_metrics(text), max(own, ep.outstanding))
         if healthy and ep.role == "decode" and ep.claims is not False:
             await self._poll_holds(ep)
 

@@ -30,7 +30,8 @@ class Endpoint:
     released_seq: int = 0  # the last release count its holds answers gave (the next claim's `since`)
     released: dict[str, None] = field(default_factory=dict)  # holds it released early, oldest first
     held_kv: HoldsAnswer | None = None  # a decode's answer to the last health check's holds poll
-    engine_load: int | None = None  # running + waiting requests, from its /metrics at the last health check
+    # requests on it that are not this router's (other replicas'), from its /metrics at the last health check
+    others_load: int | None = None
 
     def note_releases(self, holds: list[str], seq: int) -> None:
         """Holds this decode says it released early (its answer to a claim): their turns go

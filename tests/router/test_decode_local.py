@@ -140,6 +140,21 @@ async def test_a_long_suffix_goes_local_on_an_idle_decode_and_through_prefill_be
     assert 'pdx_router_decode_local_skipped_total{why="long"} 1.0' in await metrics(http, s)
 
 
+async def test_a_health_check_that_finds_the_routers_own_turn_decoding_leaves_the_decode_idle_after_it(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await make_stack(
+        decode_opts={"token_delay": 0.05, "output_tokens": 20}, decode_local_idle_max_tokens=4096, **LOCAL_ON
+    )
+    _, _, msgs = await turn(http, s, [user(LONG)], "c1")
+    other = asyncio.create_task(chat(http, s.url, [user("a long answer elsewhere")], conversation="c2", stream=True))
+    await asyncio.sleep(0.2)  # c2 is streaming from the one decode: the engine counts it running
+    await s.router.discovery.check_all()
+    assert (await other)[0] == 200
+    outcome, _, _ = await turn(http, s, [*msgs, user(" ".join(["result"] * 600))], "c1")
+    assert outcome == "local"
+
+
 async def test_a_local_turn_the_decode_fails_goes_through_prefill_once(
     make_stack: StackFactory, http: aiohttp.ClientSession
 ) -> None:

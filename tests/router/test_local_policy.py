@@ -54,7 +54,7 @@ def test_a_long_suffix_goes_local_only_while_its_decode_has_nothing_in_flight() 
     assert local.decide(PLAN, 2000, ep("decode", HOLDER, load=1), IDLE) is Why.LONG
     assert local.decide(PLAN, 8193, ep("decode", HOLDER), IDLE) is Why.LONG
     other_routers = ep("decode", HOLDER)
-    other_routers.engine_load = 1
+    other_routers.others_load = 1
     assert local.decide(PLAN, 2000, other_routers, IDLE) is Why.LONG
 
 
@@ -65,11 +65,18 @@ def test_the_idle_bound_is_off_with_decode_local_and_below_the_busy_one() -> Non
     assert (IDLE.cap, Rule(512, 2, 100).cap) == (8192, 512)
 
 
-def test_the_engines_own_queue_counts_as_busy_when_it_is_the_longer() -> None:
-    holder = ep("decode", HOLDER, load=0)
-    holder.engine_load = 5  # other router replicas' turns
+def test_other_replicas_turns_count_as_busy_beside_this_routers_own() -> None:
+    holder = ep("decode", HOLDER, load=1)
+    holder.others_load = 4  # other router replicas' turns
     assert local.busy(holder) == 5
     assert local.decide(PLAN, 10, holder, RULE) is Why.BUSY
+
+
+def test_a_scrape_that_finds_this_routers_own_turn_leaves_no_other_load() -> None:
+    assert local.others_load(1, own=1) == 0
+    assert local.others_load(3, own=1) == 2
+    assert local.others_load(0, own=1) == 0  # our turn ended before the engine was asked
+    assert local.others_load(None, own=0) is None
 
 
 def test_the_suffix_is_the_messages_after_the_stored_turns_answer() -> None:

@@ -96,9 +96,18 @@ def exact_suffix(plan: TurnPlan) -> int | None:
 
 
 def busy(decode: Endpoint) -> int:
-    """Requests in flight on a decode: this router's own count, or the engine's running and
-    waiting as last scraped (other router replicas' turns), whichever is higher."""
-    return max(decode.outstanding, decode.engine_load or 0)
+    """Requests in flight on a decode: this router's own, now, and other router replicas' as
+    last scraped."""
+    return decode.outstanding + (decode.others_load or 0)
+
+
+def others_load(engine_load: int | None, own: int) -> int | None:
+    """The engine's running and waiting requests less this router's own in flight at the scrape
+    (the larger of its counts before and after, so that our turn ending meanwhile is not taken for
+    another replica's). Taken whole, a scrape that found our own turn decoding left the decode
+    busy for the next health-check interval: on the H100 every 12k-token follow-up of one wave
+    went the D->P way on an idle decode."""
+    return None if engine_load is None else max(0, engine_load - own)
 
 
 def decide(plan: TurnPlan, suffix_tokens: int | None, holder: Endpoint | None, rule: Rule) -> Why:

@@ -204,6 +204,7 @@ class FakeEngine:
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.auth: list[str | None] = []  # each request's Authorization header, in order
         self.cancelled = 0
+        self.running = 0  # requests being served, exported as vllm:num_requests_running
         self.healthy = True
         self.releases = 0  # under pressure (`release`)
         self.released: list[str] = []  # in release order (any kind): the answers' `released` after `since`
@@ -335,6 +336,8 @@ class FakeEngine:
             "# TYPE vllm:cache_config_info gauge\n"
             f'vllm:cache_config_info{{block_size="{self.cluster.block_size}",'
             'cache_dtype="auto",engine="0"} 1.0\n'
+            f'vllm:num_requests_running{{engine="0"}} {float(self.running)}\n'
+            'vllm:num_requests_waiting{engine="0"} 0.0\n'
         )
         return web.Response(text=text)
 
@@ -378,6 +381,7 @@ class FakeEngine:
             return self.json_response(
                 {"error": {"message": internals, "code": self.opts.fail_status}}, status=self.opts.fail_status
             )
+        self.running += 1
         try:
             if self.opts.role == "prefill":
                 return await self._prefill(body, chat)
@@ -385,6 +389,8 @@ class FakeEngine:
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
+        finally:
+            self.running -= 1
 
     async def _prefill(self, body: dict[str, Any], chat: bool) -> web.Response:
         kv = dict(body.get("kv_transfer_params") or {})
