@@ -96,6 +96,7 @@ class Part:
     live: tuple[int, ...] = ()
     bound: bool = True
     background: BackgroundSpec | None = None
+    whole: bool = False  # runs complete, in its own leg order, before any other part (the headline)
 
     def config(self, legs: Sequence[Leg] | None = None) -> SweepConfig:
         return SweepConfig(
@@ -169,13 +170,14 @@ class Plan:
         return next(p for p in self.parts if p.name == name)
 
     def steps(self) -> list[Step]:
-        """The legs in the order they run: the first part's own order, then every other part's legs
-        on the engines the one before left running, then on the others."""
+        """The legs in the order they run: a whole part's (the sweep's) in its own order, then every
+        other part's legs on the engines running, then on the others (two starts for a subset
+        without the sweep, whatever its parts' leg orders)."""
         if not self.parts:
             return []
-        order: list[tuple[str, Leg]] = [(self.parts[0].name, leg) for leg in self.parts[0].legs]
-        rest = [(p.name, leg) for p in self.parts[1:] for leg in p.legs]
-        state = _reuses(order[-1][1]) if order else True
+        order: list[tuple[str, Leg]] = [(p.name, leg) for p in self.parts if p.whole for leg in p.legs]
+        rest = [(p.name, leg) for p in self.parts if not p.whole for leg in p.legs]
+        state = _reuses((order or rest)[-1 if order else 0][1])
         order += [s for s in rest if _reuses(s[1]) == state] + [s for s in rest if _reuses(s[1]) != state]
         out: list[Step] = []
         running: bool | None = None
@@ -222,7 +224,7 @@ def _parts_gpu() -> tuple[Part, ...]:
     base = WorkloadSpec(turns=4, conversations=3)
     return (
         Part("sweep", "the seed's sweep to 32k, OFF, ON and the bound (the held-KV valve on: the default)",
-             (OFF, ON), (2000, 8000, 16000, 24000, 32000), replace(base, seed=0)),
+             (OFF, ON), (2000, 8000, 16000, 24000, 32000), replace(base, seed=0), whole=True),
         Part("suffix2k", "2k-token suffixes at 12k and 20k: ON (an idle decode takes them) and the D->P path, "
              "each over the bound", (ON, DP, OFF), (12000, 20000), replace(base, seed=1), suffixes=(2000,)),
         Part("agentic", f"the agentic mix at 16k ({AGENTIC.describe()})",
@@ -247,7 +249,7 @@ def _parts_cpu() -> tuple[Part, ...]:
     base = WorkloadSpec(turns=3, conversations=2, user_tokens=16, tool_tokens=48, output_tokens=8)
     local = Leg("local", (("kvTransfer.bidirectional", True), ("router.decodeLocalMaxTokens", 128)))
     return (
-        Part("sweep", "the sweep, OFF, ON and the bound", (OFF, ON), (256, 1024), replace(base, seed=0)),
+        Part("sweep", "the sweep, OFF, ON and the bound", (OFF, ON), (256, 1024), replace(base, seed=0), whole=True),
         Part("suffix2k", "long suffixes: ON and D->P over the bound", (ON, DP, OFF), (512,), replace(base, seed=1),
              suffixes=(256,)),
         Part("agentic", f"the mix {CPU_MIX.describe()}", (ON, OFF), (512,),

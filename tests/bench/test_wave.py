@@ -58,6 +58,14 @@ def test_every_part_fits_the_gpu_examples_max_model_len(cr: str) -> None:
         assert max_prompt_tokens(part.spec, list(part.lengths), list(part.suffixes)) <= limit, part.name
 
 
+def test_a_subset_without_the_sweep_starts_the_engines_twice_on_side_first() -> None:
+    steps = wave.plan("gpu", ["suffix2k", "agentic"]).steps()
+    assert [(s.part, s.leg.name, s.start) for s in steps] == [
+        ("suffix2k", "on", True), ("suffix2k", "dp", False), ("agentic", "on", False),
+        ("suffix2k", "off", True), ("agentic", "off", False),
+    ]  # fmt: skip
+
+
 def test_the_estimate_grows_with_the_work_a_leg_does() -> None:
     sweep = wave.plan("gpu").part("sweep")
     off, on = sweep.legs
