@@ -21,7 +21,8 @@ Up to three legs, one after the other on this machine, each printing its figures
   engines per resource do not fit two p5en nodes), and the operator's pod watch sees them.
 
 `--baseline-src DIR` runs each cluster leg twice, first with the operator of DIR (a copy of an
-older tree, through PYTHONPATH), then this tree's: before/after side by side in one run.
+older tree, through PYTHONPATH; and DIR's chart where DIR has `charts/pdx-operator`, for a change
+to the chart's admission policy or RBAC), then this tree's: before/after side by side in one run.
 
 Figures: seconds from the last create to all converged, the operator's CPU (its process, from
 /proc) per resource over the converge phase, and CR edit latency (a TTL patch to
@@ -274,7 +275,10 @@ def cluster_leg(
         if controllers:  # without kwok no node goes Ready, and nothing would schedule onto one
             cp.add_nodes(p5en_node("p5en-0"), p5en_node("p5en-1"), cpu_node("cpu-0"))
         helm = Helm(cp)
-        helm("install", "pdx-operator", str(ROOT / "charts" / "pdx-operator"), "-n", "pdx-system", "--create-namespace")
+        chart = ROOT / "charts" / "pdx-operator"
+        if src is not None and (src / "charts" / "pdx-operator").is_dir():
+            chart = src / "charts" / "pdx-operator"  # the baseline's admission policy and RBAC too
+        helm("install", "pdx-operator", str(chart), "-n", "pdx-system", "--create-namespace")
         deployment = cp.get("deployment", "pdx-operator", "-n", "pdx-system")
         kubeconfig = cp.service_account_kubeconfig("pdx-system", "pdx-operator", seconds=7200)
         operator = Operator.from_deployment(cp, deployment, kubeconfig)
@@ -449,7 +453,8 @@ def main() -> int:
     p.add_argument(
         "--baseline-src",
         type=Path,
-        help="a checkout whose operator runs each cluster leg first, beside this tree's (PYTHONPATH)",
+        help="a checkout whose operator runs each cluster leg first, beside this tree's (PYTHONPATH); its "
+        "charts/pdx-operator too, where it has one",
     )
     p.add_argument("--logs", metavar="DIR", help="copy the operator's and the components' logs here at the end")
     p.add_argument(

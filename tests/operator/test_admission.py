@@ -13,7 +13,7 @@ from pdx import kinds
 from pdx.controller import admission
 from pdx.render import render
 from pdx.resource import load
-from tests.operator.vap import review
+from tests.operator.vap import review, review_expression
 
 OPERATOR = admission.service_account_user("pdx-system", "pdx-pdx-operator")
 ADMIN = "kubernetes-admin"
@@ -79,7 +79,30 @@ def test_it_matches_every_child_kind_for_create_update_and_delete() -> None:
 def test_the_operator_may_write_every_object_it_renders(operation: str) -> None:
     for obj in children():
         verdict = ask(obj, operation, old=obj)
-        assert verdict.matched and verdict.allowed, (obj["kind"], obj["metadata"]["name"], verdict.message)
+        # Not matched: the validations' match condition finds nothing to refuse (refused_condition).
+        assert not verdict.matched and verdict.allowed, (obj["kind"], obj["metadata"]["name"], verdict.message)
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE", "DELETE"])
+def test_the_operator_s_write_is_matched_exactly_when_a_validation_refuses_it(operation: str) -> None:
+    """The refused-write condition is the validations' conjunction, negated: no write one of them
+    would refuse skips them, and a write none refuses is spared their second evaluation."""
+    orphan = copy.deepcopy(children()[0])
+    del orphan["metadata"]["ownerReferences"]
+    planted = copy.deepcopy(children()[1])
+    planted["metadata"]["namespace"] = "kube-system"
+    relabelled = copy.deepcopy(children()[2])
+    for obj, old in [(o, o) for o in (*children(), AWS_AUTH, FOREIGN_DEPLOYMENT, orphan, planted)] + [
+        (relabelled, FOREIGN_DEPLOYMENT)
+    ]:
+        verdict = ask(obj, operation, old=old)
+        request = {"operation": operation, "namespace": obj["metadata"]["namespace"]}
+        refused = any(
+            not review_expression(v["expression"], request, None if operation == "DELETE" else obj,
+                                  None if operation == "CREATE" else old)
+            for v in admission.validations()
+        )  # fmt: skip
+        assert verdict.matched == refused and verdict.allowed == (not refused), (obj["metadata"]["name"], verdict)
 
 
 @pytest.mark.parametrize("operation", ["CREATE", "UPDATE", "DELETE"])

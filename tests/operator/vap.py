@@ -39,6 +39,14 @@ def _true(expression: str, activation: dict[str, Any]) -> bool:
     return bool(env.program(env.compile(expression)).evaluate(activation))
 
 
+def review_expression(
+    expression: str, request: dict[str, Any], obj: dict[str, Any] | None, old: dict[str, Any] | None
+) -> bool:
+    """One expression alone, as a validation or match condition sees the request."""
+    activation = {"request": json_to_cel(request), "object": json_to_cel(obj), "oldObject": json_to_cel(old)}
+    return _true(expression, activation)
+
+
 def review(
     policy: dict[str, Any],
     *,

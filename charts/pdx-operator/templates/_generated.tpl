@@ -157,3 +157,18 @@ pdx-operator
   message: the pdx operator may write only objects a DisaggregatedInference controls (ownerReferences)
   reason: Forbidden
 {{- end }}
+
+{{/* The admission policy's match condition of refused writes: pdx.controller.admission.refused_condition(). */}}
+{{- define "pdx-operator.admissionRefusedCondition" -}}
+- name: pdx-operator-write-refused
+  expression: '!((!(request.namespace in [''kube-system'', ''kube-public'', ''kube-node-lease''])) &&
+    (request.operation == ''CREATE'' || (has(oldObject.metadata.labels) && ''app.kubernetes.io/managed-by''
+    in oldObject.metadata.labels && oldObject.metadata.labels[''app.kubernetes.io/managed-by''] == ''pdx-operator''
+    && ''app.kubernetes.io/name'' in oldObject.metadata.labels && oldObject.metadata.labels[''app.kubernetes.io/name'']
+    == ''pdx'')) && (request.operation == ''DELETE'' || (has(object.metadata.labels) && ''app.kubernetes.io/managed-by''
+    in object.metadata.labels && object.metadata.labels[''app.kubernetes.io/managed-by''] == ''pdx-operator''
+    && ''app.kubernetes.io/name'' in object.metadata.labels && object.metadata.labels[''app.kubernetes.io/name'']
+    == ''pdx'')) && (request.operation == ''DELETE'' || (has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r,
+    r.apiVersion == ''inference.pdx.dev/v1alpha1'' && r.kind == ''DisaggregatedInference'' && has(r.controller)
+    && r.controller))))'
+{{- end }}
