@@ -9,7 +9,9 @@ it still has (now pinned) and how much of each it shortened; after prefill has a
 done, or no read), the router drops the claim. A hold missing from the answer was released:
 that turn goes without reuse. A shortened one is read only up to its kept tokens.
 Each answer also names the holds released early since the router last asked (``since``), so the
-next turn of a released conversation goes plain at once, without a claim.
+next turn of a released conversation goes plain at once, without a claim. Decode's answer to
+every turn it holds names its latest releases too (``RELEASED_KV``, a `ReleasedNote`), so the
+router learns of a release at the next answer of any conversation on that decode.
 
 A drop can be lost (the router restarted mid-turn, its call failed), and a lost drop would pin
 the hold until the TTL (minutes) while new work waits. So a router that caps its reads
@@ -37,6 +39,8 @@ MAX_IDS = 256  # ids per list in one request
 # its conversation): no read from anyone, and decode keeps the finished turn as after any decode
 # hop. The engine plugin has NIXL's worker track such turns' holds (`pdx_engine.held_kv`).
 LOCAL_TURN_KV: dict[str, bool] = {"do_remote_decode": False, "do_remote_prefill": False}
+RELEASED_KV = "pdx_released"  # decode's final kv_transfer_params: its latest early releases (ReleasedNote)
+NOTE_IDS = 16  # releases named in one ReleasedNote
 CLAIM_LEASE_S = 30.0  # how long a leased claim pins its hold unless decode is told otherwise
 
 
@@ -93,3 +97,17 @@ class HoldsAnswer(Document):
     valve: bool = True
     """False when the plugin could not patch this vLLM: holds are then freed only by a read or
     the TTL, as without pdx, and claims always succeed while the TTL runs."""
+
+
+class ReleasedNote(Document):
+    """Decode's latest early releases, in its answer to every turn it holds. A released
+    conversation's next turn comes seconds later (the user's or the tool's time), and other
+    conversations' answers come in between: by then the router knows, and the turn goes plain
+    without a claim, whose answer waits for decode's engine step (the cost ON paid over OFF at
+    4x overcommit on CPU, where nearly every hold was released)."""
+
+    since: int = Field(ge=0)
+    """The release number before the first of `released`: the note is all there is after it."""
+    seq: int = Field(ge=0)
+    """The last release's number (`HoldsAnswer.seq`)."""
+    released: list[HoldId] = Field(default_factory=list, max_length=NOTE_IDS)

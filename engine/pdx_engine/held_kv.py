@@ -489,6 +489,7 @@ def patch_scheduler(
             if self._pdx_holds.valve:
                 supersede(self, self._pdx_holds, request.request_id)
             trim(self, self._pdx_holds, self._pdx_min_free, self._pdx_min_keep)
+            note_releases(out[0] if isinstance(out, tuple) else out, self._pdx_holds)
         return out
 
     @functools.wraps(finished)
@@ -505,6 +506,16 @@ def patch_scheduler(
     cap = f", held KV at most {max_fraction:g} of the cache" if max_fraction is not None and valve else ""
     logger.info("pdx plugin: held KV yields to new work under pressure (valve %s%s)", "on" if valve else "off", cap)
     return True
+
+
+def note_releases(params: Any, holds: Holds) -> None:
+    """Name the latest early releases in a held turn's answer (`contract.ReleasedNote`).
+    `_free_request` returns the params (vLLM 0.26) or them and the encoder's (0.32)."""
+    if not isinstance(params, dict) or holds.seq == 0:
+        return
+    since = max(0, holds.seq - contract.NOTE_IDS)
+    note = contract.ReleasedNote(since=since, seq=holds.seq, released=holds.released_after(since))
+    params[contract.RELEASED_KV] = note.to_json()
 
 
 def _local_turn(params: Any) -> bool:

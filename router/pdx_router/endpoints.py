@@ -33,11 +33,13 @@ class Endpoint:
     # requests on it that are not this router's (other replicas'), from its /metrics at the last health check
     others_load: int | None = None
 
-    def note_releases(self, holds: list[str], seq: int) -> None:
-        """Holds this decode says it released early (its answer to a claim): their turns go
-        plain at once, without a claim."""
+    def note_releases(self, holds: list[str], seq: int, since: int | None = None) -> None:
+        """Holds this decode says it released early (its answer to a claim, or a note in a turn's
+        answer naming those after `since`): their turns go plain at once, without a claim. The
+        next claim asks for those after `seq` only when nothing between is missing."""
         for hold in holds:
             self.released[hold] = None
         while len(self.released) > KNOWN_RELEASES:
             del self.released[next(iter(self.released))]
-        self.released_seq = seq
+        if since is None or since <= self.released_seq:
+            self.released_seq = max(seq, self.released_seq) if since is not None else seq

@@ -681,3 +681,35 @@ def test_a_vllm_without_the_nixl_connector_class_is_logged_as_an_error(caplog: p
     with caplog.at_level(logging.ERROR, logger="vllm.pdx_plugin"):
         assert not held_kv.patch_connector(types.ModuleType(held_kv.CONNECTOR))
     assert "local turns' holds go by the valve only" in caplog.text
+
+
+@pytest.mark.parametrize("shape", ["vllm-0.32", "vllm-0.26"])
+def test_a_held_turns_answer_names_the_latest_early_releases(shape: str) -> None:
+    class Answering(FakeScheduler):
+        """`_free_request` returns the answer's kv_transfer_params: with the encoder's (0.32) or alone (0.26)."""
+
+        def _free_request(self, request: FakeRequest, delay_free_blocks: bool = False) -> Any:
+            super()._free_request(request, delay_free_blocks)
+            params = {"do_remote_decode": True, "remote_request_id": request.request_id}
+            return (params, None) if shape == "vllm-0.32" else params
+
+    module = types.ModuleType(held_kv.SCHEDULER)
+    module.Scheduler = type("Scheduler", (Answering,), {})  # type: ignore[attr-defined]
+    assert held_kv.patch_scheduler(module, valve=True)
+    sched = module.Scheduler(blocks=6)
+
+    def finish(req_id: str) -> dict[str, Any]:
+        request = FakeRequest(req_id, {"do_remote_prefill": False, "do_remote_decode": False}, all_token_ids=[1, 2, 3])
+        sched.requests[req_id] = request
+        assert sched.kv_cache_manager.allocate_slots(request, 3) is not None
+        out = sched._free_request(request, delay_free_blocks=True)
+        params: dict[str, Any] = out[0] if isinstance(out, tuple) else out
+        return params
+
+    assert contract.RELEASED_KV not in finish("a")  # nothing released yet: nothing to name
+    finish("b")
+    fresh = FakeRequest("fresh", finished=False)
+    sched.requests["fresh"] = fresh
+    assert sched.kv_cache_manager.allocate_slots(fresh, 2) is not None  # releases b, the youngest
+    note = contract.ReleasedNote.model_validate(finish("c")[contract.RELEASED_KV])  # c's room releases a
+    assert (note.since, note.seq, note.released) == (0, 2, ["b", "a"])

@@ -146,6 +146,28 @@ async def test_a_release_decode_named_in_an_earlier_answer_makes_the_turn_releas
     assert [e.released_seq for e in s.router.pool.endpoints if e.role == "decode"] == [1]
 
 
+@pytest.mark.parametrize("notes", [True, False], ids=["noted", "without-notes"])
+async def test_a_release_named_in_another_conversations_answer_spares_the_released_turn_its_claim(
+    make_stack: StackFactory, http: aiohttp.ClientSession, notes: bool
+) -> None:
+    s = await make_stack(prefill_opts=CHECKS, decode_opts={**CHECKS, "valve": True, "notes_releases": notes})
+    _, a = await turn(http, s, [user("a " + LONG)], "a")
+    [(_, rid_a)] = list(s.cluster.held)
+    assert s.decodes[0].release(rid_a)
+    _, c = await turn(http, s, [user("c " + LONG)], "c")  # a first turn: no claim; its answer names a's release
+    outcome, _ = await turn(http, s, [*a, user("and then? " + LONG)], "a")
+    assert outcome == "released"
+    assert not s.cluster.reads
+    # with the note the router knew, and asked decode nothing; without it, it claimed and heard
+    assert len(holds_calls(s)) == (0 if notes else 1)
+    decode = next(e for e in s.router.pool.endpoints if e.role == "decode")
+    assert decode.released_seq == 1
+    # the note is the router's: the entry kept for c's next turn carries no trace of it
+    outcome, _ = await turn(http, s, [*c, user("and then? " + LONG)], "c")
+    [read] = [body["kv_transfer_params"] for path, body in s.prefill.requests if path != "/tokenize"][-1:]
+    assert outcome == "hit" and read.get("do_remote_decode") and "pdx_released" not in read
+
+
 async def test_a_claimed_hold_is_not_released_while_prefill_reads_it(
     make_stack: StackFactory, http: aiohttp.ClientSession
 ) -> None:

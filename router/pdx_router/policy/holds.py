@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pdx_contract import kv_prefix
-from pdx_contract.holds import HoldsAnswer
+from pdx_contract.holds import RELEASED_KV, HoldsAnswer, ReleasedNote
 
 from ..endpoints import Endpoint
 from ..tokens import infer_block_size
@@ -47,6 +47,18 @@ def hold_id(kv: dict[str, Any] | None) -> str | None:
 def holder(endpoints: Sequence[Endpoint], url: str | None) -> Endpoint | None:
     """The decode that holds the conversation's KV (draining or not: its KV is still read)."""
     return next((e for e in endpoints if e.role == "decode" and e.url == url), None)
+
+
+def released_note(kv: dict[str, Any]) -> ReleasedNote | None:
+    """Take decode's note of its latest early releases out of a turn's answer parameters (it is
+    for the router, not for the next turn's prefill), if there is a valid one."""
+    body = kv.pop(RELEASED_KV, None)
+    if body is None:
+        return None
+    try:
+        return ReleasedNote.model_validate(body)
+    except ValidationError:
+        return None
 
 
 def parse(status: int, body: Any) -> HoldsAnswer | None:

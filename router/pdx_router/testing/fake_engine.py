@@ -195,6 +195,7 @@ class EngineOptions:
     # As pdx's held-KV valve (pdx_engine.held_kv): decode answers POST /v1/pdx/holds, and
     # `release` drops an unclaimed hold as memory pressure would. Off: the route is absent.
     valve: bool = False
+    notes_releases: bool = True  # each held turn's answer names the latest releases (ReleasedNote)
 
 
 class FakeEngine:
@@ -532,6 +533,10 @@ class FakeEngine:
         }
         if self.opts.checks_prefix:
             kv_prefix.hold_params(kv, held, self.cluster.block_size, salt)
+        if self.released and self.opts.notes_releases:
+            since = max(0, len(self.released) - holds_contract.NOTE_IDS)
+            note = holds_contract.ReleasedNote(since=since, seq=len(self.released), released=self.released[since:])
+            kv[holds_contract.RELEASED_KV] = note.to_json()
         return kv
 
     def cached(self, prompt: list[int]) -> int:
