@@ -153,6 +153,11 @@ def test_a_claimed_hold_outlives_pressure_and_yields_once_the_claim_is_dropped(t
     assert after.held == [] or pinned in after.kept, "an unclaimed hold did not yield"
     log = topo.log_path(topo.by_role("decode")[0].name).read_text()
     assert "held KV yields to new work under pressure (valve on)" in log
+    # the next turn decode holds names the latest releases in its answer (the router's hint)
+    holds(decode, contract.HoldsRequest(release_claim=after.held))
+    gone = holds(decode, contract.HoldsRequest(release_unclaimed=True))
+    note = contract.ReleasedNote.model_validate(held_params(decode, "nu")[contract.RELEASED_KV])
+    assert note.released and note.seq == gone.seq and note.released == gone.released[-len(note.released) :], note
 
 
 def test_a_claim_whose_drop_never_comes_pins_its_hold_for_its_lease_and_no_read_starts_after_it(
