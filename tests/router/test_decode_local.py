@@ -110,31 +110,42 @@ async def test_an_edited_history_under_an_id_goes_through_prefill(
     assert 'pdx_router_decode_local_skipped_total{why="unknown"} 1.0' in await metrics(http, s)
 
 
+async def stream_elsewhere(http: aiohttp.ClientSession, s: Stack) -> asyncio.Task[Any]:
+    """Another conversation streaming from the one decode, 0.2 s into its answer."""
+    other = asyncio.create_task(chat(http, s.url, [user("a long answer elsewhere")], conversation="c2", stream=True))
+    await asyncio.sleep(0.2)
+    return other
+
+
 async def test_a_busy_decode_sends_the_turn_through_prefill(
     make_stack: StackFactory, http: aiohttp.ClientSession
 ) -> None:
     s = await make_stack(decode_opts={"token_delay": 0.05, "output_tokens": 20}, decode_local_max_busy=1, **LOCAL_ON)
     _, _, msgs = await turn(http, s, [user(LONG)], "c1")
-    other = asyncio.create_task(chat(http, s.url, [user("a long answer elsewhere")], conversation="c2", stream=True))
-    await asyncio.sleep(0.2)  # c2 is streaming from the one decode
+    other = await stream_elsewhere(http, s)
     outcome, _, _ = await turn(http, s, [*msgs, user("next")], "c1")
     assert (await other)[0] == 200
     assert outcome == "hit"
     assert 'pdx_router_decode_local_skipped_total{why="busy"} 1.0' in await metrics(http, s)
 
 
+TOOL_OUTPUT = " ".join(["result"] * 600)  # above decodeLocalMaxTokens (256), below the idle bound (4096)
+
+
+async def idle_bound_stack(make_stack: StackFactory) -> Stack:
+    return await make_stack(
+        decode_opts={"token_delay": 0.05, "output_tokens": 20}, decode_local_idle_max_tokens=4096, **LOCAL_ON
+    )
+
+
 async def test_a_long_suffix_goes_local_on_an_idle_decode_and_through_prefill_beside_a_stream(
     make_stack: StackFactory, http: aiohttp.ClientSession
 ) -> None:
-    s = await make_stack(
-        decode_opts={"token_delay": 0.05, "output_tokens": 20}, decode_local_idle_max_tokens=4096, **LOCAL_ON
-    )
-    tool_output = " ".join(["result"] * 600)  # above decodeLocalMaxTokens (256), below the idle bound
+    s = await idle_bound_stack(make_stack)
     _, _, msgs = await turn(http, s, [user(LONG)], "c1")
-    idle, _, msgs = await turn(http, s, [*msgs, user(tool_output)], "c1")
-    other = asyncio.create_task(chat(http, s.url, [user("a long answer elsewhere")], conversation="c2", stream=True))
-    await asyncio.sleep(0.2)  # c2 is streaming from the one decode
-    beside, _, _ = await turn(http, s, [*msgs, user(tool_output)], "c1")
+    idle, _, msgs = await turn(http, s, [*msgs, user(TOOL_OUTPUT)], "c1")
+    other = await stream_elsewhere(http, s)
+    beside, _, _ = await turn(http, s, [*msgs, user(TOOL_OUTPUT)], "c1")
     assert (await other)[0] == 200
     assert (idle, beside) == ("local", "hit")
     assert 'pdx_router_decode_local_skipped_total{why="long"} 1.0' in await metrics(http, s)
@@ -143,15 +154,12 @@ async def test_a_long_suffix_goes_local_on_an_idle_decode_and_through_prefill_be
 async def test_a_health_check_that_finds_the_routers_own_turn_decoding_leaves_the_decode_idle_after_it(
     make_stack: StackFactory, http: aiohttp.ClientSession
 ) -> None:
-    s = await make_stack(
-        decode_opts={"token_delay": 0.05, "output_tokens": 20}, decode_local_idle_max_tokens=4096, **LOCAL_ON
-    )
+    s = await idle_bound_stack(make_stack)
     _, _, msgs = await turn(http, s, [user(LONG)], "c1")
-    other = asyncio.create_task(chat(http, s.url, [user("a long answer elsewhere")], conversation="c2", stream=True))
-    await asyncio.sleep(0.2)  # c2 is streaming from the one decode: the engine counts it running
+    other = await stream_elsewhere(http, s)  # the engine counts it running
     await s.router.discovery.check_all()
     assert (await other)[0] == 200
-    outcome, _, _ = await turn(http, s, [*msgs, user(" ".join(["result"] * 600))], "c1")
+    outcome, _, _ = await turn(http, s, [*msgs, user(TOOL_OUTPUT)], "c1")
     assert outcome == "local"
 
 
