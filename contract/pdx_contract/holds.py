@@ -25,6 +25,7 @@ Typed here once: the engine plugin serves these, the router sends them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 from pydantic import Field
@@ -111,3 +112,9 @@ class ReleasedNote(Document):
     seq: int = Field(ge=0)
     """The last release's number (`HoldsAnswer.seq`)."""
     released: list[HoldId] = Field(default_factory=list, max_length=NOTE_IDS)
+
+    @classmethod
+    def latest(cls, seq: int, released_after: Callable[[int], list[HoldId]]) -> ReleasedNote:
+        """The note of the last NOTE_IDS releases up to `seq`, `released_after(n)` naming those after n."""
+        since = max(0, seq - NOTE_IDS)
+        return cls(since=since, seq=seq, released=released_after(since))

@@ -513,9 +513,7 @@ def note_releases(params: Any, holds: Holds) -> None:
     `_free_request` returns the params (vLLM 0.26) or them and the encoder's (0.32)."""
     if not isinstance(params, dict) or holds.seq == 0:
         return
-    since = max(0, holds.seq - contract.NOTE_IDS)
-    note = contract.ReleasedNote(since=since, seq=holds.seq, released=holds.released_after(since))
-    params[contract.RELEASED_KV] = note.to_json()
+    params[contract.RELEASED_KV] = contract.ReleasedNote.latest(holds.seq, holds.released_after).to_json()
 
 
 def _local_turn(params: Any) -> bool:

@@ -41,5 +41,7 @@ class Endpoint:
             self.released[hold] = None
         while len(self.released) > KNOWN_RELEASES:
             del self.released[next(iter(self.released))]
-        if since is None or since <= self.released_seq:
-            self.released_seq = max(seq, self.released_seq) if since is not None else seq
+        if since is None:
+            self.released_seq = seq
+        elif since <= self.released_seq:
+            self.released_seq = max(seq, self.released_seq)

@@ -534,8 +534,7 @@ class FakeEngine:
         if self.opts.checks_prefix:
             kv_prefix.hold_params(kv, held, self.cluster.block_size, salt)
         if self.released and self.opts.notes_releases:
-            since = max(0, len(self.released) - holds_contract.NOTE_IDS)
-            note = holds_contract.ReleasedNote(since=since, seq=len(self.released), released=self.released[since:])
+            note = holds_contract.ReleasedNote.latest(len(self.released), lambda since: self.released[since:])
             kv[holds_contract.RELEASED_KV] = note.to_json()
         return kv
 
