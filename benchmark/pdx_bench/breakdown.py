@@ -118,7 +118,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b <= 0 else a / b
 
 
-def _mean(values: Sequence[float]) -> float | None:
+def mean_of(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
@@ -226,14 +226,14 @@ def breakdown(
         scope=scope,
         n=len(recs),
         ttft_p50=percentile(ttft, 50) if ttft else None,
-        ttft_mean=_mean(ttft),
-        prefill_hop=None if local else _mean([r.prefill_ms for r in hops if r.prefill_ms is not None]),
-        decode_hop=_mean([r.ttft_ms - r.prefill_ms for r in hops if r.prefill_ms is not None]),
+        ttft_mean=mean_of(ttft),
+        prefill_hop=None if local else mean_of([r.prefill_ms for r in hops if r.prefill_ms is not None]),
+        decode_hop=mean_of([r.ttft_ms - r.prefill_ms for r in hops if r.prefill_ms is not None]),
         prefill=role_figures(None if local else engines.get("prefill")),
         decode=role_figures(engines.get("decode")),
         bound_n=len(bound),
         bound_p50=percentile(bound_ttft, 50) if bound_ttft else None,
-        bound_mean=_mean(bound_ttft),
+        bound_mean=mean_of(bound_ttft),
         bound_decode=role_figures(window(bound_engines, scope).get("decode")) if measured else None,
         path=path,
     )
@@ -270,7 +270,7 @@ def breakdowns(records: Sequence[RequestRecord], engines: Mapping[str, Mapping[i
 # ------------------------------------------------------------------------------- tables
 
 
-def _ms(v: float | None) -> str:
+def ms(v: float | None) -> str:
     return "-" if v is None or v != v else f"{v:.1f}"
 
 
@@ -292,11 +292,11 @@ def breakdown_rows(rows: Sequence[Breakdown]) -> list[tuple[str, ...]]:
         p, d = b.prefill, b.decode
         out.append(
             (
-                str(b.length), b.scope, b.path, str(b.n), _ms(b.ttft_p50), _ms(b.ttft_mean),
-                _ms(b.prefill_hop), _ms(p["ttft"].mean_ms), _ms(p["queue"].mean_ms), _ms(p["prefill"].mean_ms),
-                _ms(p["xfer"].mean_ms), _ms(p["post"].mean_ms), _ms(b.prefill_api_ms),
-                _ms(b.decode_hop), _ms(d["ttft"].mean_ms), _ms(d["xfer"].mean_ms), _ms(b.decode_api_ms),
-                _ms(b.bound_p50), _ms(b.bound_decode["ttft"].mean_ms if b.bound_decode else None), _x(b.on_over_bound),
+                str(b.length), b.scope, b.path, str(b.n), ms(b.ttft_p50), ms(b.ttft_mean),
+                ms(b.prefill_hop), ms(p["ttft"].mean_ms), ms(p["queue"].mean_ms), ms(p["prefill"].mean_ms),
+                ms(p["xfer"].mean_ms), ms(p["post"].mean_ms), ms(b.prefill_api_ms),
+                ms(b.decode_hop), ms(d["ttft"].mean_ms), ms(d["xfer"].mean_ms), ms(b.decode_api_ms),
+                ms(b.bound_p50), ms(b.bound_decode["ttft"].mean_ms if b.bound_decode else None), _x(b.on_over_bound),
             )
         )  # fmt: skip
     return out
@@ -308,7 +308,7 @@ ENGINE_HEADERS = ("leg", "prefix", "scope", "role", "TTFT", "queue", "prefill", 
 def _cell(f: Figure) -> str:
     if f.count is None:
         return "-"
-    return f"{_ms(f.mean_ms)} ({f.count:.0f})"
+    return f"{ms(f.mean_ms)} ({f.count:.0f})"
 
 
 def engine_rows(engines: Mapping[str, Mapping[int, GroupEngines]]) -> list[tuple[str, ...]]:

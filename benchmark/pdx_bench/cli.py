@@ -14,7 +14,7 @@ import yaml
 
 from pdx.resource import manifest_documents
 
-from . import agentic, decodelocal, prefixcache
+from . import agentic, decodelocal, firstturn, prefixcache
 from .background import BackgroundSpec, write_streams
 from .breakdown import (
     BREAKDOWN_HEADERS,
@@ -798,6 +798,10 @@ def write_outputs(
     if mix is not None:
         heading = "Agentic mix: outcomes and ON/bound per suffix bucket"
         sections.insert(0, (heading, agentic.markdown_table(buckets, mix)))
+    firsts = firstturn.first_turns(records, engines)
+    if firsts:
+        table = markdown(firstturn.HEADERS, firstturn.rows(firsts))
+        sections.append(("First turns per leg: where TTFT goes (ms)", f"{table}\n\n{firstturn.NOTE}"))
     per_role = engine_rows(engines)
     if per_role:
         table = markdown(ENGINE_HEADERS, per_role)
@@ -825,6 +829,7 @@ def write_outputs(
         "points": [point_json(p) for p in per_point],
         "capacity": {leg.leg: leg.capacity for leg in results if leg.capacity},
         "ttft_breakdown": [b.to_json() for b in where],
+        "first_turns": [t.to_json() for t in firsts],
         **({"agentic": agentic.to_json(buckets, mix)} if mix is not None else {}),
         "engines": engines_json(engines),
         "notes": notes,

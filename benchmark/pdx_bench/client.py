@@ -208,6 +208,8 @@ class RunResult:
     followups: Snapshot | None = None
     # the same per path: "local" (X-PDX-Reuse local: prefilled on decode), "prefill" (the others)
     followups_by_path: dict[str, Snapshot] = field(default_factory=dict)
+    # ...and around first turns (turn 1): ON's first-turn overhead, engine by engine (firstturn.py)
+    first_turns: Snapshot | None = None
 
 
 class _Pacer:
@@ -249,8 +251,9 @@ async def run(
     With one client and a scraper, every engine's metrics are read around each request:
     each record gets its own transfer time from `transfer_role`'s NIXL histograms (prefill's
     D->P reads; None leaves the records' transfer fields unset), and the differences around
-    follow-up turns are summed into `followups`. Otherwise the caller spreads a group total
-    over the hits (records.spread_group_transfer).
+    follow-up turns are summed into `followups`, those around first turns into
+    `first_turns`. Otherwise the caller spreads a group total over the hits
+    (records.spread_group_transfer).
     """
     counter = counter or WordCounter()
     spec = workload.spec
@@ -308,6 +311,8 @@ async def run(
                         result.followups = accumulate(result.followups, window)
                         path = path_of(reply.reuse)
                         result.followups_by_path[path] = accumulate(result.followups_by_path.get(path), window)
+                    else:
+                        result.first_turns = accumulate(result.first_turns, window)
                     hists = window.get(transfer_role) if transfer_role else None
                     if hists is not None:
                         xfer = xfer_totals(hists)

@@ -205,6 +205,8 @@ class GroupEngines:
     # With one client: the follow-up windows summed per path, "prefill" (through prefill, a D->P
     # read or a recompute) and "local" (prefilled on decode), so a row of one path reads only its own.
     followups_by_path: dict[str, Snapshot] | None = None
+    # With one client: the windows around first turns (turn 1) summed, for firstturn.py.
+    first_turns: Snapshot | None = None
 
 
 class EngineScraper:

@@ -518,6 +518,7 @@ async def _group(
         all_turns=snapshot_delta(await scraper.snapshot(), before),
         followups=res.followups,
         followups_by_path=dict(res.followups_by_path) if res.followups is not None else None,
+        first_turns=res.first_turns,
     )
     prefill = engines.all_turns.get("prefill")
     if prefill is not None and not bound:
@@ -570,7 +571,11 @@ def _pooled(a: GroupEngines | None, b: GroupEngines) -> GroupEngines:
             else a.followups_by_path[path]
             for path in {*a.followups_by_path, *b.followups_by_path}
         }
-    return GroupEngines(all_turns=accumulate(a.all_turns, b.all_turns), followups=followups, followups_by_path=by_path)
+    first = None
+    if a.first_turns is not None and b.first_turns is not None:
+        first = accumulate(a.first_turns, b.first_turns)
+    whole = accumulate(a.all_turns, b.all_turns)
+    return GroupEngines(all_turns=whole, followups=followups, followups_by_path=by_path, first_turns=first)
 
 
 def point_spec(cfg: SweepConfig, point: Point) -> WorkloadSpec:

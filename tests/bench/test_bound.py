@@ -112,8 +112,15 @@ def test_the_cli_writes_the_bound_and_where_ons_ttft_goes(
         off["turns >= 2"]["prefill"]["xfer"]["count"] == 0 and off["turns >= 2"]["prefill"]["xfer"]["mean_ms"] is None
     )
     assert off["all turns"]["prefill"]["ttft"]["count"] == 6
+    # First turns of both legs, scraped around each: 2 conversations, decode's own 8 ms inside its hop.
+    firsts = {(t["leg"], t["length"]): t for t in summary["first_turns"]}
+    assert set(firsts) == {(leg, n) for leg in ("off", "on") for n in (200, 800)}
+    first = firsts[("on", 200)]
+    assert first["n"] == 2 and first["decode_engine"]["ttft"] == {"mean_ms": pytest.approx(8.0), "count": 2}
+    assert first["decode_api_http_ms"] == pytest.approx(first["decode_hop_ms"] - 8.0)
     report = (out / "report.md").read_text()
     assert "## Where ON's TTFT goes (ms)" in report and "## Engine-side figures per role" in report
+    assert "## First turns per leg: where TTFT goes (ms)" in report
     assert "| 200 | turns >= 2 | prefill | 4 |" in report and "10.0 (4)" in report
     assert (out / "ttft_vs_prompt_length.png").read_bytes()[:4] == b"\x89PNG"
 
