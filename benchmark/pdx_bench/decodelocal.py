@@ -13,7 +13,6 @@ the largest suffix up to which every point, at every history length, meets both.
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -24,7 +23,7 @@ from .background import StreamRecord, read_streams
 from .points import PointStats, cell, point_stats
 from .points import to_json as point_json
 from .records import RequestRecord, read_records
-from .report import markdown, percentile
+from .report import markdown, ratio_interval
 
 TTFT_TARGET = 0.7  # local TTFT p50 / D->P TTFT p50, at most
 TPOT_TARGET = 0.10  # the background streams' TPOT p90 rise, at most
@@ -46,20 +45,13 @@ DRAWS = 2000
 def rise_interval(
     dp: Sequence[float], local: Sequence[float], level: float = INTERVAL, draws: int = DRAWS
 ) -> tuple[float, float]:
-    """A bootstrap interval for p90(local) / p90(dp) - 1: each side resampled with replacement.
+    """A bootstrap interval for p90(local) / p90(dp) - 1 (`report.ratio_interval`).
 
     A p90 of a few dozen per-turn values moves a lot between runs (on the H200, +13% between
     two legs whose turns all took the same path), so the point estimate alone cannot say
-    whether a rise is within 10%. Seeded: the same records give the same interval."""
-    if not dp or not local:
-        return float("nan"), float("nan")
-    rng = random.Random(0)
-    rises = sorted(
-        percentile(rng.choices(local, k=len(local)), 90) / percentile(rng.choices(dp, k=len(dp)), 90) - 1
-        for _ in range(draws)
-    )
-    tail = (1 - level) / 2
-    return percentile(rises, 100 * tail), percentile(rises, 100 * (1 - tail))
+    whether a rise is within 10%."""
+    low, high = ratio_interval(local, dp, 90, level, draws)
+    return low - 1, high - 1
 
 
 @dataclass(frozen=True)

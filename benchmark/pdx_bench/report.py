@@ -10,6 +10,7 @@ leg beside OFF and ON.
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +28,22 @@ def percentile(values: Sequence[float], q: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(s) - 1)
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def ratio_interval(
+    num: Sequence[float], den: Sequence[float], q: float = 50, level: float = 0.9, draws: int = 2000
+) -> tuple[float, float]:
+    """A bootstrap interval for percentile(num, q) / percentile(den, q), each side resampled with
+    replacement; NaNs when a side is empty. A percentile of a few turns moves a lot between runs,
+    so a ratio near its target says nothing without this. Seeded: the same values, the same interval."""
+    if not num or not den:
+        return float("nan"), float("nan")
+    rng = random.Random(0)
+    ratios = sorted(
+        percentile(rng.choices(num, k=len(num)), q) / percentile(rng.choices(den, k=len(den)), q) for _ in range(draws)
+    )
+    tail = (1 - level) / 2
+    return percentile(ratios, 100 * tail), percentile(ratios, 100 * (1 - tail))
 
 
 def _mean(values: Sequence[float]) -> float:

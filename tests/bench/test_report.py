@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pdx_bench.report import format_table, percentile, summarize, ttft_series, write_report
+from pdx_bench.report import format_table, percentile, ratio_interval, summarize, ttft_series, write_report
 
 from .synth import sweep_records
 
@@ -98,3 +98,10 @@ def test_a_leg_s_hit_rate_counts_turns_prefilled_on_the_decode_that_held_them() 
     records = [replace(r, reuse="local") if r.reuse == "hit" else r for r in sweep_records()]
     long = summarize(records)[1]
     assert long.on is not None and long.on.hit_rate == pytest.approx(0.75)
+
+
+def test_a_ratio_of_few_values_gets_a_wide_interval_and_many_equal_values_a_point() -> None:
+    low, high = ratio_interval([100.0, 104.0, 96.0], [100.0, 110.0, 90.0])
+    assert low < 1.0 < high and high - low > 0.05
+    assert ratio_interval([103.0] * 30, [100.0] * 30) == pytest.approx((1.03, 1.03))
+    assert all(v != v for v in ratio_interval([], [1.0]))  # NaN: nothing to compare

@@ -157,6 +157,8 @@ def test_the_whole_wave_on_fakes_three_engine_starts_each_part_packed_and_report
     rows = json.loads((out / "report.json").read_text())["sweep"]["rows"]
     mine = next(r for r in rows if r["length"] == 256)
     assert mine["off_mean"] > 0 and mine["on_p50"] > 0 and mine["bound_p50"] > 0 and mine["first_on_over_off"] > 0
+    low, high = mine["first_on_over_off_90"]  # the first turns' ratio with its bootstrap interval
+    assert low <= mine["first_on_over_off"] <= high
 
 
 def test_a_budget_that_runs_out_skips_what_would_not_fit_and_keeps_what_ran(tmp_path: Path) -> None:
