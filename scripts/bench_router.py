@@ -494,11 +494,16 @@ async def main_async(args: argparse.Namespace) -> None:
             starting.append((plain, wait_http(url + "/ready")))
 
         if args.baseline_src:
-            # Another revision's router, from its source tree, beside this one in the same run
-            # (on the engines without the check: a router before it would not reuse on the others).
+            # Another revision's router, from its source tree, beside this one in the same run: by
+            # default on the engines without the check (a router before it would not reuse on the
+            # others), so compare it with pdx/tok; with --baseline-checked on pdx's own engines and
+            # flags, so its rows compare with pdx's.
             src = Path(args.baseline_src).resolve()
             base_env = {**env, "PYTHONPATH": os.pathsep.join(str(src / d) for d in ("router", "contract"))}
-            pdx("pdx@base", base_env, on=unchecked)
+            if args.baseline_checked:
+                pdx("pdx@base", base_env, "--conversation-from", "id")
+            else:
+                pdx("pdx@base", base_env, on=unchecked)
         # Plain P/D stays plain: ids only, so a turn without one looks nothing up and keeps nothing.
         pdx("pdx", env, "--conversation-from", "id", profile=args.profile)
         # Reuse without ids (router.conversationFrom both, the default): found by the history.
@@ -683,6 +688,11 @@ def main() -> None:
     ap.add_argument(
         "--baseline-src",
         help="source tree of another revision (git worktree add DIR REV): its router runs as pdx-router@base",
+    )
+    ap.add_argument(
+        "--baseline-checked",
+        action="store_true",
+        help="run pdx@base on pdx's engines with pdx's flags (a base whose router takes the engines' prefix check)",
     )
     args = ap.parse_args()
     THINK_MS, OUTPUT_TOKENS = args.think_ms, args.output_tokens
