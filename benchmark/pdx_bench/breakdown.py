@@ -123,11 +123,9 @@ def mean_of(values: Sequence[float]) -> float | None:
 
 
 @dataclass(frozen=True)
-class Breakdown:
-    """One prefix length of the ON leg, next to its bound. Times in ms."""
+class Hops:
+    """A group of turns' two hops through the router beside each engine's own figures. Times in ms."""
 
-    length: int
-    scope: str
     n: int
     ttft_p50: float | None
     ttft_mean: float | None
@@ -135,11 +133,6 @@ class Breakdown:
     decode_hop: float | None  # mean of TTFT - X-PDX-Prefill-Ms
     prefill: dict[str, Figure]  # the prefill engines' own figures (xfer: D->P reads)
     decode: dict[str, Figure]  # the decode engines' (xfer: P->D reads)
-    bound_n: int = 0
-    bound_p50: float | None = None
-    bound_mean: float | None = None
-    bound_decode: dict[str, Figure] | None = None  # decode's own figures while it served the bound
-    path: str = "prefill"  # the turns of this row: through prefill, or `local` (prefilled on decode)
 
     @property
     def prefill_api_ms(self) -> float | None:
@@ -151,6 +144,36 @@ class Breakdown:
         """The decode hop less decode's engine TTFT: HTTP, decode's API server, the router's stream."""
         return less(self.decode_hop, self.decode["ttft"].mean_ms)
 
+    def hops_json(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "ttft_p50_ms": self.ttft_p50,
+            "ttft_mean_ms": self.ttft_mean,
+            "prefill_hop_ms": self.prefill_hop,
+            "prefill_engine": figures_json(self.prefill),
+            "prefill_api_http_ms": self.prefill_api_ms,
+            "decode_hop_ms": self.decode_hop,
+            "decode_engine": figures_json(self.decode),
+            "decode_api_http_ms": self.decode_api_ms,
+        }
+
+
+def figures_json(figs: Mapping[str, Figure]) -> dict[str, Any]:
+    return {k: {"mean_ms": v.mean_ms, "count": v.count} for k, v in figs.items()}
+
+
+@dataclass(frozen=True)
+class Breakdown(Hops):
+    """One prefix length of the ON leg, next to its bound."""
+
+    length: int
+    scope: str
+    bound_n: int = 0
+    bound_p50: float | None = None
+    bound_mean: float | None = None
+    bound_decode: dict[str, Figure] | None = None  # decode's own figures while it served the bound
+    path: str = "prefill"  # the turns of this row: through prefill, or `local` (prefilled on decode)
+
     @property
     def bound_api_ms(self) -> float | None:
         return less(self.bound_mean, self.bound_decode["ttft"].mean_ms if self.bound_decode else None)
@@ -161,27 +184,16 @@ class Breakdown:
         return ratio(self.ttft_p50, self.bound_p50)
 
     def to_json(self) -> dict[str, Any]:
-        def figs(f: Mapping[str, Figure] | None) -> dict[str, Any] | None:
-            return None if f is None else {k: {"mean_ms": v.mean_ms, "count": v.count} for k, v in f.items()}
-
         return {
             "length": self.length,
             "scope": self.scope,
             "path": self.path,
-            "n": self.n,
-            "ttft_p50_ms": self.ttft_p50,
-            "ttft_mean_ms": self.ttft_mean,
-            "prefill_hop_ms": self.prefill_hop,
-            "prefill_engine": figs(self.prefill),
-            "prefill_api_http_ms": self.prefill_api_ms,
-            "decode_hop_ms": self.decode_hop,
-            "decode_engine": figs(self.decode),
-            "decode_api_http_ms": self.decode_api_ms,
+            **self.hops_json(),
             "bound": {
                 "n": self.bound_n,
                 "ttft_p50_ms": self.bound_p50,
                 "ttft_mean_ms": self.bound_mean,
-                "decode_engine": figs(self.bound_decode),
+                "decode_engine": None if self.bound_decode is None else figures_json(self.bound_decode),
                 "api_http_ms": self.bound_api_ms,
             },
             "on_over_bound": self.on_over_bound,

@@ -15,51 +15,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .breakdown import BOUND, Figure, less, mean_of, ms, role_figures
+from .breakdown import BOUND, Hops, mean_of, ms, role_figures
 from .enginemetrics import GroupEngines
 from .records import RequestRecord
 from .report import percentile
 
 
 @dataclass(frozen=True)
-class FirstTurns:
-    """One leg's first turns at one prefix length. Times in ms (hops and engine figures: means)."""
+class FirstTurns(Hops):
+    """One leg's first turns at one prefix length."""
 
     leg: str
     length: int
-    n: int
-    ttft_p50: float | None
-    ttft_mean: float | None
-    prefill_hop: float | None
-    decode_hop: float | None
-    prefill: dict[str, Figure]
-    decode: dict[str, Figure]
-
-    @property
-    def prefill_api_ms(self) -> float | None:
-        return less(self.prefill_hop, self.prefill["ttft"].mean_ms)
-
-    @property
-    def decode_api_ms(self) -> float | None:
-        return less(self.decode_hop, self.decode["ttft"].mean_ms)
 
     def to_json(self) -> dict[str, Any]:
-        def figs(f: Mapping[str, Figure]) -> dict[str, Any]:
-            return {k: {"mean_ms": v.mean_ms, "count": v.count} for k, v in f.items()}
-
-        return {
-            "leg": self.leg,
-            "length": self.length,
-            "n": self.n,
-            "ttft_p50_ms": self.ttft_p50,
-            "ttft_mean_ms": self.ttft_mean,
-            "prefill_hop_ms": self.prefill_hop,
-            "prefill_engine": figs(self.prefill),
-            "prefill_api_http_ms": self.prefill_api_ms,
-            "decode_hop_ms": self.decode_hop,
-            "decode_engine": figs(self.decode),
-            "decode_api_http_ms": self.decode_api_ms,
-        }
+        return {"leg": self.leg, "length": self.length, **self.hops_json()}
 
 
 def first_turns(
