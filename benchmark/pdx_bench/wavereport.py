@@ -68,7 +68,7 @@ def seed_table(sweep: Path) -> tuple[str, dict[str, Any]]:
         first = {leg: [r.ttft_ms for r in rs if r.prefix_tokens == n and r.turn == 1] for leg, rs in legs.items()}
         prompt = _mean([float(r.input_num_tokens) for r in legs["on"] if r.prefix_tokens == n and r.turn >= 2])
         seed = SEED_P5EN.get(n, {})
-        row = {
+        row: dict[str, Any] = {
             "length": n,
             "prompt_tokens": prompt,
             "seed_off_mean": seed.get("off"),
