@@ -223,8 +223,10 @@ class Plan:
 def _parts_gpu() -> tuple[Part, ...]:
     base = WorkloadSpec(turns=4, conversations=3)
     return (
+        # Five conversations, not three: ON's first turn over OFF's (target 1.03x) moved 0.96-1.05x
+        # between H100 runs on three first turns a length (docs/results/h100-2026-12-06c-first-turns).
         Part("sweep", "the seed's sweep to 32k, OFF, ON and the bound (the held-KV valve on: the default)",
-             (OFF, ON), (2000, 8000, 16000, 24000, 32000), replace(base, seed=0), whole=True),
+             (OFF, ON), (2000, 8000, 16000, 24000, 32000), replace(base, conversations=5, seed=0), whole=True),
         Part("suffix2k", "2k-token suffixes at 12k and 20k: ON (an idle decode takes them) and the D->P path, "
              "each over the bound", (ON, DP, OFF), (12000, 20000), replace(base, seed=1), suffixes=(2000,)),
         Part("agentic", f"the agentic mix at 16k ({AGENTIC.describe()})",
