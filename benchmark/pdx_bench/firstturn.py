@@ -1,8 +1,9 @@
 """Where each leg's first turns spend their TTFT, engine by engine (pure).
 
-A first turn has nothing to reuse, yet on the H100 ON's first turns came 3-5% above OFF's at
-16k-32k tokens, all of it on decode's hop (issue 43). The follow-up breakdown (breakdown.py)
-shows only ON's follow-ups, so it cannot say which part of decode's hop grows. This one puts
+A first turn has nothing to reuse, yet in one H100 wave ON's first turns came 3-5% above OFF's at
+16k-32k tokens, all of it on decode's hop (issue 43; two more runs showed it to be run-to-run
+noise, docs/results/h100-2026-12-06c-first-turns). The follow-up breakdown (breakdown.py) shows
+only ON's follow-ups, so it cannot say which part of decode's hop grows. This one puts
 every leg's first turns side by side: the router's two hops, and within each the engine's own
 TTFT, queue (decode's P->D read waits in it) and prefill, the NIXL reads and their posting, and
 what is left for the API server and HTTP. Engine figures come from scrapes around each first
