@@ -23,7 +23,7 @@ from .background import StreamRecord, read_streams
 from .points import PointStats, cell, point_stats
 from .points import to_json as point_json
 from .records import RequestRecord, read_records
-from .report import markdown, ratio_interval
+from .report import INTERVAL, markdown, ratio_interval
 
 TTFT_TARGET = 0.7  # local TTFT p50 / D->P TTFT p50, at most
 TPOT_TARGET = 0.10  # the background streams' TPOT p90 rise, at most
@@ -38,19 +38,15 @@ class Targets:
 
 
 ISSUE_TARGETS = Targets()  # issue 33's
-INTERVAL = 0.9  # the TPOT rise's bootstrap interval
-DRAWS = 2000
 
 
-def rise_interval(
-    dp: Sequence[float], local: Sequence[float], level: float = INTERVAL, draws: int = DRAWS
-) -> tuple[float, float]:
+def rise_interval(dp: Sequence[float], local: Sequence[float]) -> tuple[float, float]:
     """A bootstrap interval for p90(local) / p90(dp) - 1 (`report.ratio_interval`).
 
     A p90 of a few dozen per-turn values moves a lot between runs (on the H200, +13% between
     two legs whose turns all took the same path), so the point estimate alone cannot say
     whether a rise is within 10%."""
-    low, high = ratio_interval(local, dp, 90, level, draws)
+    low, high = ratio_interval(local, dp, 90)
     return low - 1, high - 1
 
 

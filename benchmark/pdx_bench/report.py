@@ -30,8 +30,12 @@ def percentile(values: Sequence[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
+INTERVAL = 0.9  # the bootstrap intervals' level, as the reports print it
+DRAWS = 2000
+
+
 def ratio_interval(
-    num: Sequence[float], den: Sequence[float], q: float = 50, level: float = 0.9, draws: int = 2000
+    num: Sequence[float], den: Sequence[float], q: float = 50, level: float = INTERVAL, draws: int = DRAWS
 ) -> tuple[float, float]:
     """A bootstrap interval for percentile(num, q) / percentile(den, q), each side resampled with
     replacement; NaNs when a side is empty. A percentile of a few turns moves a lot between runs,

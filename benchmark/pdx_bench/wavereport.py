@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .records import RequestRecord, read_records
-from .report import cell, markdown, percentile, ratio_interval
+from .report import INTERVAL, cell, markdown, percentile, ratio_interval
 
 # The seed's Qwen3-32B figures (ms, means over follow-up turns per prompt length), as its text
 # states them: TTFT OFF and ON, and the prefill time (compute + D->P transfer for ON).
@@ -96,14 +96,14 @@ def seed_table(sweep: Path) -> tuple[str, dict[str, Any]]:
         )  # fmt: skip
     headers = (
         "prefix", "prompt tok", "seed OFF mean", "seed ON mean", "seed OFF/ON", "OFF mean", "ON mean", "OFF/ON",
-        "OFF p50", "ON p50", "bound p50", "ON/bound", "turn 1 ON/OFF", "its 90%",
+        "OFF p50", "ON p50", "bound p50", "ON/bound", "turn 1 ON/OFF", f"its {INTERVAL:.0%}",
     )  # fmt: skip
     on = {r["length"]: r["on_p50"] for r in data}
     growth = _ratio(on.get(24000), on.get(8000))
     text = markdown(headers, rows)
     text += (
         f"\n\nThe seed: {SEED_SETUP}; its text gives the 2k and 24k ends (means). Here: follow-up turns (turn >= 2), "
-        "ms; turn 1 ON/OFF: first turns' p50, ON over OFF (target at most 1.03x), and its 90% bootstrap "
+        f"ms; turn 1 ON/OFF: first turns' p50, ON over OFF (target at most 1.03x), and its {INTERVAL:.0%} bootstrap "
         "interval (a p50 of a few first turns moves several percent between runs). "
         f"ON p50 growth from 8k to 24k: {cell(growth, '{:.2f}x')} (target at most 1.5x)."
     )
