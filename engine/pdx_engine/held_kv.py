@@ -274,7 +274,12 @@ class Holds:
         when ``since`` is ahead (the caller saw an engine that has since restarted)."""
         if since > self.seq:
             since = 0
-        return [hold for seq, hold in self._release_log if seq > since]
+        newest: list[str] = []  # read from the end: every held turn's answer asks for the last few
+        for seq, hold in reversed(self._release_log):
+            if seq <= since:
+                break
+            newest.append(hold)
+        return newest[::-1]
 
     def finished(self, sent: set[str]) -> set[str]:
         """The worker's "sent" report (read by prefill, or past the TTL), less what was released
