@@ -1,8 +1,9 @@
 """Where ON's TTFT goes: the router's two hops beside each engine's own figures (pure).
 
-The client measures TTFT through the router; the router reports its prefill hop
-(`X-PDX-Prefill-Ms`, the D->P read included). What is left is the decode hop: TTFT - prefill
-hop (decode's P->D read, its first token, and the router's own work on the way). Each engine
+The client measures TTFT through the router; the router reports its own time before its first
+hop (`X-PDX-Router-Ms`: planning, the claim gate, the claim on decode's hold) and its prefill hop
+(`X-PDX-Prefill-Ms`, the D->P read included). What is left is the decode hop: TTFT - both
+(decode's P->D read, its first token, and the router's stream on the way). Each engine
 adds what it counted itself (enginemetrics): its TTFT from the request's arrival in the engine,
 after the API server rendered and tokenized it; its queue and prefill time; the NIXL transfers
 it initiated. A hop less its engine's TTFT is what the API server and HTTP took around it.
@@ -122,6 +123,17 @@ def mean_of(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+def hop_means(recs: Sequence[RequestRecord]) -> tuple[float | None, float | None, float | None]:
+    """The router's own time, the prefill hop and the decode hop, means over the turns whose
+    router reported its prefill hop."""
+    hops = [r for r in recs if r.prefill_ms is not None]
+    return (
+        mean_of([r.router_ms for r in hops if r.router_ms is not None]),
+        mean_of([r.prefill_ms for r in hops if r.prefill_ms is not None]),
+        mean_of([d for r in hops if (d := r.decode_hop_ms) is not None]),
+    )
+
+
 @dataclass(frozen=True)
 class Hops:
     """A group of turns' two hops through the router beside each engine's own figures. Times in ms."""
@@ -129,8 +141,9 @@ class Hops:
     n: int
     ttft_p50: float | None
     ttft_mean: float | None
+    router: float | None  # mean X-PDX-Router-Ms: the router's own time before its first hop
     prefill_hop: float | None  # mean X-PDX-Prefill-Ms
-    decode_hop: float | None  # mean of TTFT - X-PDX-Prefill-Ms
+    decode_hop: float | None  # mean of TTFT - X-PDX-Router-Ms - X-PDX-Prefill-Ms
     prefill: dict[str, Figure]  # the prefill engines' own figures (xfer: D->P reads)
     decode: dict[str, Figure]  # the decode engines' (xfer: P->D reads)
 
@@ -149,6 +162,7 @@ class Hops:
             "n": self.n,
             "ttft_p50_ms": self.ttft_p50,
             "ttft_mean_ms": self.ttft_mean,
+            "router_ms": self.router,
             "prefill_hop_ms": self.prefill_hop,
             "prefill_engine": figures_json(self.prefill),
             "prefill_api_http_ms": self.prefill_api_ms,
@@ -224,7 +238,7 @@ def breakdown(
         path = next(iter(paths)) if len(paths) == 1 else "prefill"
     recs = [r for r in everything if path_of(r.reuse) == path] if len(paths) > 1 else everything
     ttft = [r.ttft_ms for r in recs]
-    hops = [r for r in recs if r.prefill_ms is not None]
+    router, prefill_hop, decode_hop = hop_means(recs)
     engines = path_window(on_engines, scope, path, paths)
     bound = in_scope(bound_records, scope)
     if len(paths) > 1:
@@ -239,8 +253,9 @@ def breakdown(
         n=len(recs),
         ttft_p50=percentile(ttft, 50) if ttft else None,
         ttft_mean=mean_of(ttft),
-        prefill_hop=None if local else mean_of([r.prefill_ms for r in hops if r.prefill_ms is not None]),
-        decode_hop=mean_of([r.ttft_ms - r.prefill_ms for r in hops if r.prefill_ms is not None]),
+        router=router,
+        prefill_hop=None if local else prefill_hop,
+        decode_hop=decode_hop,
         prefill=role_figures(None if local else engines.get("prefill")),
         decode=role_figures(engines.get("decode")),
         bound_n=len(bound),
@@ -291,7 +306,7 @@ def _x(v: float | None) -> str:
 
 
 BREAKDOWN_HEADERS = (
-    "prefix", "scope", "path", "n", "TTFT p50", "TTFT mean",
+    "prefix", "scope", "path", "n", "TTFT p50", "TTFT mean", "router",
     "prefill hop", "P engine TTFT", "P queue", "P prefill", "D->P xfer", "D->P post", "P API+HTTP",
     "decode hop", "D engine TTFT", "P->D xfer", "D API+HTTP",
     "bound p50", "bound D engine TTFT", "ON/bound",
@@ -304,7 +319,7 @@ def breakdown_rows(rows: Sequence[Breakdown]) -> list[tuple[str, ...]]:
         p, d = b.prefill, b.decode
         out.append(
             (
-                str(b.length), b.scope, b.path, str(b.n), ms(b.ttft_p50), ms(b.ttft_mean),
+                str(b.length), b.scope, b.path, str(b.n), ms(b.ttft_p50), ms(b.ttft_mean), ms(b.router),
                 ms(b.prefill_hop), ms(p["ttft"].mean_ms), ms(p["queue"].mean_ms), ms(p["prefill"].mean_ms),
                 ms(p["xfer"].mean_ms), ms(p["post"].mean_ms), ms(b.prefill_api_ms),
                 ms(b.decode_hop), ms(d["ttft"].mean_ms), ms(d["xfer"].mean_ms), ms(b.decode_api_ms),

@@ -21,6 +21,7 @@ from .records import RequestRecord, path_of
 from .workload import Conversation, TokenCounter, WordCounter, Workload
 
 HDR_PREFILL = "X-PDX-Prefill-Ms"
+HDR_ROUTER = "X-PDX-Router-Ms"
 HDR_REUSE = "X-PDX-Reuse"
 HDR_REUSED = "X-PDX-Reused-Tokens"
 
@@ -39,6 +40,7 @@ class Reply:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     prefill_ms: float | None = None
+    router_ms: float | None = None
     reuse: str | None = None
     reused_tokens: int = 0
     error: str | None = None
@@ -109,6 +111,7 @@ async def chat(
         ) as resp:
             reply.status = resp.status
             reply.prefill_ms = _float(resp.headers.get(HDR_PREFILL))
+            reply.router_ms = _float(resp.headers.get(HDR_ROUTER))
             reply.reuse = resp.headers.get(HDR_REUSE)
             reply.reused_tokens = int(_float(resp.headers.get(HDR_REUSED)) or 0)
             if resp.status != 200:
@@ -192,6 +195,7 @@ def to_record(
         prefix_tokens=0,
         suffix_tokens=conversation.turns[turn - 1].new_tokens,
         prefill_ms=reply.prefill_ms,
+        router_ms=reply.router_ms,
         reuse=reply.reuse,
         reused_tokens=reply.reused_tokens,
         http_status=reply.status,

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .breakdown import BOUND, Hops, mean_of, ms, role_figures
+from .breakdown import BOUND, Hops, hop_means, mean_of, ms, role_figures
 from .enginemetrics import GroupEngines
 from .records import RequestRecord
 from .report import percentile
@@ -43,7 +43,7 @@ def first_turns(
         mine = [r for r in records if r.leg == leg and r.turn == 1]
         for length in sorted({r.prefix_tokens for r in mine}):
             recs = [r for r in mine if r.prefix_tokens == length]
-            hops = [r for r in recs if r.prefill_ms is not None]
+            router, prefill_hop, decode_hop = hop_means(recs)
             group = engines.get(leg, {}).get(length)
             window = (group.first_turns if group is not None else None) or {}
             ttft = [r.ttft_ms for r in recs]
@@ -54,8 +54,9 @@ def first_turns(
                     n=len(recs),
                     ttft_p50=percentile(ttft, 50) if ttft else None,
                     ttft_mean=mean_of(ttft),
-                    prefill_hop=mean_of([r.prefill_ms for r in hops if r.prefill_ms is not None]),
-                    decode_hop=mean_of([r.ttft_ms - r.prefill_ms for r in hops if r.prefill_ms is not None]),
+                    router=router,
+                    prefill_hop=prefill_hop,
+                    decode_hop=decode_hop,
                     prefill=role_figures(window.get("prefill")),
                     decode=role_figures(window.get("decode")),
                 )
@@ -64,14 +65,15 @@ def first_turns(
 
 
 HEADERS = (
-    "leg", "prefix", "n", "TTFT p50", "TTFT mean",
+    "leg", "prefix", "n", "TTFT p50", "TTFT mean", "router",
     "prefill hop", "P engine TTFT", "P queue", "P prefill", "P API+HTTP",
     "decode hop", "D engine TTFT", "D queue", "D prefill", "P->D xfer", "P->D post", "D API+HTTP",
 )  # fmt: skip
 
 NOTE = (
     "First turns (turn 1) of every leg, ms; TTFT p50 and mean are the client's, hops and engine figures "
-    "means. prefill hop: the router's X-PDX-Prefill-Ms; decode hop: TTFT - prefill hop. Engine figures: "
+    "means. router: X-PDX-Router-Ms, its own time before the first hop; prefill hop: its "
+    "X-PDX-Prefill-Ms; decode hop: TTFT - router - prefill hop. Engine figures: "
     "vLLM's own histograms summed around each first turn (one client; `-` otherwise): TTFT from the "
     "request's arrival in the engine, queue (decode's P->D read waits in it), prefill; P->D xfer/post: "
     "the NIXL reads decode initiated, mean per read. API+HTTP: a hop less its engine's TTFT."
@@ -84,7 +86,7 @@ def rows(table: Sequence[FirstTurns]) -> list[tuple[str, ...]]:
         p, d = t.prefill, t.decode
         out.append(
             (
-                t.leg, str(t.length), str(t.n), ms(t.ttft_p50), ms(t.ttft_mean),
+                t.leg, str(t.length), str(t.n), ms(t.ttft_p50), ms(t.ttft_mean), ms(t.router),
                 ms(t.prefill_hop), ms(p["ttft"].mean_ms), ms(p["queue"].mean_ms), ms(p["prefill"].mean_ms),
                 ms(t.prefill_api_ms),
                 ms(t.decode_hop), ms(d["ttft"].mean_ms), ms(d["queue"].mean_ms), ms(d["prefill"].mean_ms),

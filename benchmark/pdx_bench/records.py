@@ -68,6 +68,7 @@ class RequestRecord:
     suffix_mix: str | None = None
     live_conversations: int | None = None  # and how many conversations were live at once (--live; None: not swept)
     prefill_ms: float | None = None  # X-PDX-Prefill-Ms: the router's prefill hop, KV read included
+    router_ms: float | None = None  # X-PDX-Router-Ms: the router's own time before the first hop (claims too)
     reuse: str | None = None  # X-PDX-Reuse
     reused_tokens: int = 0  # X-PDX-Reused-Tokens
     kv_transfer_ms: float | None = None
@@ -86,6 +87,14 @@ class RequestRecord:
         if missing:
             raise ValueError(f"record lacks {', '.join(missing)}")
         return cls(**{k: v for k, v in obj.items() if k in names})
+
+    @property
+    def decode_hop_ms(self) -> float | None:
+        """TTFT less the router's time before its first hop and less the prefill hop; None when
+        the router reported no prefill hop."""
+        if self.prefill_ms is None:
+            return None
+        return self.ttft_ms - self.prefill_ms - (self.router_ms or 0.0)
 
     @property
     def prefill_compute_ms(self) -> float | None:

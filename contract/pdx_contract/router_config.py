@@ -123,8 +123,8 @@ class RouterConfig(Document):
     conversation (its id, else its messages through the first user message), so that prefill's
     prefix cache may still hold the history; off: the least loaded prefill."""
     reuse_headers: bool = False
-    """Answer with X-PDX-Reuse, X-PDX-Reused-Tokens and X-PDX-Prefill-Ms: facts about the stored
-    entries, so only for a trusted client (the local demo, `pdx bench`)."""
+    """Answer with X-PDX-Reuse, X-PDX-Reused-Tokens, X-PDX-Prefill-Ms and X-PDX-Router-Ms: facts
+    about the stored entries, so only for a trusted client (the local demo, `pdx bench`)."""
     engine_api_key_file: str | None = None
     """A file holding the engines' API key (vLLM's --api-key): sent to the engines as
     `Authorization: Bearer`, in place of the client's, which the engines never see."""

@@ -414,8 +414,8 @@ class RouterSpec(_Spec):
     history; off: the least loaded prefill. Unset: on where prefill's prefix cache is on. Only
     matters with several prefills; a prefill that goes away moves only its own conversations."""
     reuse_headers: bool = False
-    """Answer with X-PDX-Reuse, X-PDX-Reused-Tokens and X-PDX-Prefill-Ms. They describe the
-    stored entries: turn them on only for trusted clients (a benchmark, the local demo)."""
+    """Answer with X-PDX-Reuse, X-PDX-Reused-Tokens, X-PDX-Prefill-Ms and X-PDX-Router-Ms. They
+    describe the stored entries: turn them on only for trusted clients (a benchmark, the local demo)."""
     store: RouterStoreSpec = Field(default_factory=RouterStoreSpec)
     """Entry store."""
     tokenizer: Literal["engine", "router"] = "engine"

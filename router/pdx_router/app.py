@@ -70,6 +70,7 @@ class Prefilled:
     attempt: Attempt  # its outcome is the turn's
     prefill_ms: float
     started: float  # perf_counter() when the request arrived
+    router_ms: float = 0.0  # arrival to the serving try's first hop: planning, the claim gate, the claim
 
 
 Pinned = tuple[Endpoint, str]  # a decode, and the hold on it the router claimed (policy.holds)
@@ -332,7 +333,7 @@ class Router:
                     continue
                 slot.leave()  # its prefill has answered: the next waiting turn may claim
                 attempt = retry.after_prefill(attempt, pkv if isinstance(pkv, dict) else None)
-                done = Prefilled(attempt, (time.perf_counter() - t0) * 1000, started)
+                done = Prefilled(attempt, (time.perf_counter() - t0) * 1000, started, (t0 - started) * 1000)
                 self.metrics.prefill.observe(done.prefill_ms / 1000)
                 dbody = shapes.decode_request(
                     ask, pkv if isinstance(pkv, dict) else None, attempt.compared_ids, decode.names_held
@@ -424,7 +425,8 @@ class Router:
         """The whole turn on the decode that holds the conversation: no prefill hop."""
         body = shapes.local_decode_request(ask, attempt.compared_ids, decode.names_held)
         _log_hop("to decode (local)", decode, body.get("kv_transfer_params"))
-        return await self._decode(req, ask, Prefilled(attempt, 0.0, started), decode, body)
+        done = Prefilled(attempt, 0.0, started, (time.perf_counter() - started) * 1000)
+        return await self._decode(req, ask, done, decode, body)
 
     def _after_failure(self, attempt: Attempt, hop: Hop, ep: Endpoint, exc: UpstreamError) -> Retry | None:
         """Count the failure and apply retry's decision to the engine's health."""
@@ -455,6 +457,7 @@ class Router:
         out = {"X-Request-ID": ask.request_id}
         if self.cfg.reuse_headers:
             out["X-PDX-Prefill-Ms"] = f"{done.prefill_ms:.1f}"
+            out["X-PDX-Router-Ms"] = f"{done.router_ms:.1f}"
             out["X-PDX-Reuse"] = done.attempt.outcome.value
             out["X-PDX-Reused-Tokens"] = str(done.attempt.reused_tokens)
             out["X-PDX-Found-By"] = ask.found_by.value
@@ -610,11 +613,12 @@ class Router:
         """Record the turn and log the line the seed's data collection reads."""
         self.metrics.outcome(done.attempt.outcome, done.attempt.reused_tokens)
         log.info(
-            "Prefill done in %.0fms reuse=%s reused_tokens=%d total=%.0fms",
+            "Prefill done in %.0fms reuse=%s reused_tokens=%d total=%.0fms router=%.0fms",
             done.prefill_ms,
             done.attempt.outcome.value,
             done.attempt.reused_tokens,
             (time.perf_counter() - done.started) * 1000,
+            done.router_ms,
         )
 
     async def _store_entry(

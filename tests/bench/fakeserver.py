@@ -253,6 +253,7 @@ class FakeRouter:
             self.decode.book(DECODE_BOOKS)
         facts = {
             "X-PDX-Prefill-Ms": "12.5" if hit else "40.0",
+            "X-PDX-Router-Ms": "1.5" if hit else "0.5",  # a hit's claim on decode's hold
             "X-PDX-Reuse": outcome,
             "X-PDX-Reused-Tokens": "96" if hit else "0",
         }

@@ -94,6 +94,7 @@ def test_the_cli_writes_the_bound_and_where_ons_ttft_goes(
     # The fakes' books: prefill 10 ms TTFT, 3 queue, 6 prefill, D->P read 4 + post 1 on every hit;
     # decode 8 ms TTFT, its P->D read 2; decode alone (the bound) 7 ms.
     assert where["prefill_hop_ms"] == pytest.approx(12.5)  # X-PDX-Prefill-Ms of a hit
+    assert where["router_ms"] == pytest.approx(1.5)  # X-PDX-Router-Ms of a hit: its claim
     engine = where["prefill_engine"]
     assert engine["ttft"] == {"mean_ms": pytest.approx(10.0), "count": 4}
     assert engine["queue"]["mean_ms"] == pytest.approx(3.0) and engine["prefill"]["mean_ms"] == pytest.approx(6.0)
@@ -102,7 +103,7 @@ def test_the_cli_writes_the_bound_and_where_ons_ttft_goes(
     assert where["prefill_api_http_ms"] == pytest.approx(2.5)
     assert where["decode_engine"]["ttft"]["mean_ms"] == pytest.approx(8.0)
     assert where["decode_engine"]["xfer"]["mean_ms"] == pytest.approx(2.0)
-    assert where["decode_hop_ms"] == pytest.approx(where["ttft_mean_ms"] - 12.5)
+    assert where["decode_hop_ms"] == pytest.approx(where["ttft_mean_ms"] - 1.5 - 12.5)
     assert where["decode_api_http_ms"] == pytest.approx(where["decode_hop_ms"] - 8.0)
     assert where["bound"]["n"] == 4 and where["bound"]["decode_engine"]["ttft"]["mean_ms"] == pytest.approx(7.0)
     assert where["on_over_bound"] == pytest.approx(where["ttft_p50_ms"] / where["bound"]["ttft_p50_ms"])

@@ -95,6 +95,22 @@ async def test_a_claim_on_a_hold_prefill_did_not_read_is_dropped_after_prefill(
     assert claim["claim"] == drop["releaseClaim"] != [] and drop["claim"] == []
 
 
+async def test_the_claims_time_is_reported_as_the_routers_own_not_as_a_hop(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    """X-PDX-Router-Ms holds what the router spent before its first hop (the claim on decode's
+    hold included), so a slow claim is not read as a slow decode hop (TTFT - both headers)."""
+    s = await make_stack(prefill_opts=CHECKS, decode_opts={**CHECKS, "valve": True, "claim_delay": 0.15})
+    status, first, data = await chat(http, s.url, [user(LONG)], stream=False)
+    assert status == 200 and first["X-PDX-Reuse"] == "miss"
+    msgs = [user(LONG), assistant(data["choices"][0]["message"]["content"]), user("and then? " + LONG)]
+    status, second, _ = await chat(http, s.url, msgs, stream=False)
+    assert status == 200 and second["X-PDX-Reuse"] == "hit"
+    assert float(first["X-PDX-Router-Ms"]) < 150  # no hold yet: nothing claimed
+    assert float(second["X-PDX-Router-Ms"]) >= 150  # the claim's answer waited 150 ms
+    assert float(second["X-PDX-Prefill-Ms"]) < 150
+
+
 async def test_a_dropped_claim_rides_with_the_next_claim_to_that_decode(
     make_stack: StackFactory, http: aiohttp.ClientSession
 ) -> None:

@@ -159,6 +159,7 @@ class EngineOptions:
     role: str
     engine_id: str
     prefill_delay: float = 0.0
+    claim_delay: float = 0.0  # a claim's answer waits this long (an engine core mid-step)
     first_token_delay: float = 0.0
     token_delay: float = 0.0
     output_tokens: int = 8
@@ -300,6 +301,8 @@ class FakeEngine:
         asked = holds_contract.HoldsRequest.model_validate_json(await req.read())
         if self.opts.record:
             self.requests.append((req.path, asked.to_json()))
+        if asked.claim:
+            await asyncio.sleep(self.opts.claim_delay)
         engine = self.opts.engine_id
         for rid in asked.release_claim:
             if self.cluster.claims[(engine, rid)] > 0:
