@@ -282,7 +282,7 @@ class Router:
         assert prefill is not None
         plan = await self._plan(ask, gen, prefill) if ask.conversational else reuse.NO_CONVERSATION
         attempt = retry.first_attempt(plan)
-        holder = self._local_decode(ask, plan, gen)
+        holder = await self._local_decode(ask, plan, gen)
         if holder is not None:
             attempt = retry.local_attempt(plan)
             try:
@@ -399,7 +399,7 @@ class Router:
     async def _send_drops(self, decode: Endpoint, drops: list[str], headers: dict[str, str]) -> None:
         await holds_call(self.upstream, decode, [], drops, headers)
 
-    def _local_decode(self, ask: ClientRequest, plan: TurnPlan, gen: str) -> Endpoint | None:
+    async def _local_decode(self, ask: ClientRequest, plan: TurnPlan, gen: str) -> Endpoint | None:
         """The decode to prefill this turn on, if `local.decide` says so (each turn it could
         have taken but did not is counted, by why)."""
         rule = self.local_rule
@@ -414,6 +414,9 @@ class Router:
                 encode = self.chat_tokens.encode if self.chat_tokens is not None else None
                 suffix = local.count_tokens(tail, encode, cap=rule.cap)
         why = local.decide(plan, suffix, holder, rule)
+        if holder is not None and local.worth_a_fresh_look(suffix, holder, rule, time.monotonic()):
+            await self.discovery.fresh_load(holder)
+            why = local.decide(plan, suffix, holder, rule)
         if why is not local.Why.LOCAL:
             self.metrics.local_skipped(why)
             return None

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterable
 
 import aiohttp
@@ -97,6 +98,7 @@ class Discovery:
         self._tasks: list[asyncio.Task[None]] = []
         self._file_mtime: float | None = None
         self._file_has_endpoints = False
+        self._fresh: dict[str, asyncio.Future[None]] = {}  # decode url -> its fresh look in flight
 
     async def start(self) -> None:
         """Load every source once and health-check before serving, so /ready is truthful."""
@@ -191,15 +193,29 @@ class Discovery:
         load = self.cfg.decode_local_max_tokens > 0
         ep.others_load = None  # unknown until this check's scrape says
         if healthy and ep.role == "decode" and (ep.block_size is None or load):
-            with contextlib.suppress(Exception):
-                own = ep.outstanding
-                status, text = await self.upstream.get(ep.url + "/metrics", timeout)
-                if status == 200:
-                    ep.block_size = ep.block_size or block_size_from_metrics(text)
-                    if load:
-                        ep.others_load = local.others_load(load_from_metrics(text), max(own, ep.outstanding))
+            await self._scrape(ep, timeout)
         if healthy and ep.role == "decode" and ep.claims is not False:
             await self._poll_holds(ep)
+
+    async def _scrape(self, ep: Endpoint, timeout: float) -> None:
+        """Decode's block size, and with decode-local on the requests on it that are not ours."""
+        with contextlib.suppress(Exception):
+            own = ep.outstanding
+            ep.load_seen = time.monotonic()
+            status, text = await self.upstream.get(ep.url + "/metrics", timeout)
+            if status == 200:
+                ep.block_size = ep.block_size or block_size_from_metrics(text)
+                if self.cfg.decode_local_max_tokens > 0:
+                    ep.others_load = local.others_load(load_from_metrics(text), max(own, ep.outstanding))
+
+    async def fresh_load(self, ep: Endpoint) -> None:
+        """Scrape a decode's load now (`local.worth_a_fresh_look`); turns that ask meanwhile
+        share the one scrape, and a turn that goes away does not cancel it for the others."""
+        task = self._fresh.get(ep.url)
+        if task is None:
+            task = self._fresh[ep.url] = asyncio.ensure_future(self._scrape(ep, local.FRESH_TIMEOUT_S))
+            task.add_done_callback(lambda _: self._fresh.pop(ep.url, None))
+        await asyncio.shield(task)
 
     async def _poll_holds(self, ep: Endpoint) -> None:
         """Decode's held KV figures, its valve, and the holds it released early (their turns then

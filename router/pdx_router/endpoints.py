@@ -32,6 +32,7 @@ class Endpoint:
     held_kv: HoldsAnswer | None = None  # a decode's answer to the last health check's holds poll
     # requests on it that are not this router's (other replicas'), from its /metrics at the last health check
     others_load: int | None = None
+    load_seen: float = 0.0  # time.monotonic() when its load was last asked (policy.local.FRESH_S)
 
     def note_releases(self, holds: list[str], seq: int, since: int | None = None) -> None:
         """Holds this decode says it released early (its answer to a claim, or a note in a turn's

@@ -10,6 +10,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from pdx_router.policy import local
+
 from .conftest import Stack, StackFactory
 from .helpers import LONG, assistant, chat, stream_text, user
 
@@ -161,6 +163,26 @@ async def test_a_health_check_that_finds_the_routers_own_turn_decoding_leaves_th
     assert (await other)[0] == 200
     outcome, _, _ = await turn(http, s, [*msgs, user(TOOL_OUTPUT)], "c1")
     assert outcome == "local"
+
+
+async def test_a_long_suffix_looks_again_at_a_decode_a_stale_scrape_found_busy_with_someone_elses_request(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    """A request sent straight to decode (another replica's, a benchmark's bound) that the last
+    health check saw keeps a long suffix off decode only while it still runs."""
+    s = await idle_bound_stack(make_stack)
+    _, _, msgs = await turn(http, s, [user(LONG)], "c1")
+    direct = asyncio.create_task(chat(http, s.decode_urls[0], [user("not the router's")], conversation=None))
+    await asyncio.sleep(0.2)
+    await s.router.discovery.check_all()  # finds it running: not this router's
+    decode = next(ep for ep in s.router.pool.endpoints if ep.role == "decode")
+    assert s.decode.running == 1 and decode.others_load == 1
+    await asyncio.sleep(local.FRESH_S)  # the scrape is no longer fresh, and the request still runs
+    beside, _, msgs = await turn(http, s, [*msgs, user(TOOL_OUTPUT)], "c1")
+    assert (await direct)[0] == 200 and s.decode.running == 0 and decode.others_load == 1
+    await asyncio.sleep(local.FRESH_S)  # past the look the last turn took
+    after, _, _ = await turn(http, s, [*msgs, user(TOOL_OUTPUT)], "c1")  # the health check's scrape still says 1
+    assert (beside, after) == ("hit", "local")
 
 
 async def test_a_local_turn_the_decode_fails_goes_through_prefill_once(

@@ -58,6 +58,22 @@ def test_a_long_suffix_goes_local_only_while_its_decode_has_nothing_in_flight() 
     assert local.decide(PLAN, 2000, other_routers, IDLE) is Why.LONG
 
 
+def test_a_fresh_look_is_taken_only_when_a_stale_scrape_of_others_load_alone_keeps_a_long_suffix_off() -> None:
+    holder = ep("decode", HOLDER)
+    holder.others_load, holder.load_seen = 1, 100.0
+    later = 100.0 + local.FRESH_S + 0.01
+    assert local.worth_a_fresh_look(2000, holder, IDLE, later)
+    assert not local.worth_a_fresh_look(2000, holder, IDLE, 100.0 + local.FRESH_S / 2)  # scraped just now
+    assert not local.worth_a_fresh_look(400, holder, IDLE, later)  # short: busy's own bound decides
+    assert not local.worth_a_fresh_look(8193, holder, IDLE, later)  # too long even for an idle decode
+    assert not local.worth_a_fresh_look(None, holder, IDLE, later)
+    ours = ep("decode", HOLDER, load=1)  # this router's own turn is there now: no look changes that
+    ours.others_load = 1
+    assert not local.worth_a_fresh_look(2000, ours, IDLE, later)
+    holder.others_load = 0
+    assert not local.worth_a_fresh_look(2000, holder, IDLE, later)  # idle already: local as it is
+
+
 def test_the_idle_bound_is_off_with_decode_local_and_below_the_busy_one() -> None:
     assert local.decide(PLAN, 300, ep("decode", HOLDER), Rule(0, 2, 8192)) is Why.OFF
     assert Rule(0, 2, 8192).cap == 0
