@@ -119,7 +119,7 @@ def worth_a_fresh_look(suffix_tokens: int | None, holder: Endpoint | None, rule:
     A scrape lasts a health-check interval (5 s): one that caught a short request of someone
     else's (another replica's turn, a benchmark's bound sent straight to decode) sent each long
     suffix of the next seconds through prefill (on the H100, every 2k-token follow-up of the first
-    conversation at 12k and 20k: 140-175 ms against 95-120 local). Bounded: at most one fresh
+    conversation at 12k and 20k: 153-263 ms against 93-124 local). Bounded: at most one fresh
     look per decode every FRESH_S."""
     return (
         holder is not None
