@@ -28,6 +28,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 PY=${PYTHON:-python3}
+# --plan runs on the machine that prepares the run, where pdx lives in .venv after `make setup`.
+if [[ -z ${PYTHON:-} && ${1:-} == --plan && -x .venv/bin/python ]]; then PY=.venv/bin/python; fi
 # This checkout's code before an installed pdx (as gpu-correct.sh does).
 export PYTHONPATH="$PWD/operator:$PWD/contract:$PWD/engine:$PWD/router:$PWD/benchmark:$PWD/cli${PYTHONPATH:+:$PYTHONPATH}"
 pdx() { "$PY" -c 'import sys, pdx_cli; sys.argv[0] = "pdx"; pdx_cli.main()' "$@"; }
