@@ -827,7 +827,7 @@ def write_outputs(
         "rows": [_row_json(r) for r in rows],
         "errors": len(errors),
         "router_stats": {leg.leg: leg.router_stats for leg in results if leg.leg != "bound"},
-        "points": [point_json(p) for p in per_point],
+        "points": [point_json(p, per_point) for p in per_point],
         "capacity": {leg.leg: leg.capacity for leg in results if leg.capacity},
         "ttft_breakdown": [b.to_json() for b in where],
         "first_turns": [t.to_json() for t in firsts],

@@ -17,10 +17,11 @@ from .background import StreamRecord, window_tpots
 from .enginemetrics import COMPUTE, EXTERNAL, LOCAL_HIT, GroupEngines, sources
 from .held import HeldFigures, overcommit
 from .records import RequestRecord
-from .report import markdown, percentile
+from .report import INTERVAL, markdown, percentile, ratio_interval
 
 # (leg, prefix length, suffix, live conversations): a point of a leg
 PointKey = tuple[str, int, int | None, int | None]
+OFF = "off"  # the leg every other leg's tail is read against, point by point
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class PointStats:
     ttft_p99: float = float("nan")
     overcommit: float | None = None  # the point's held demand over decode's KV capacity
     held: HeldFigures | None = None  # decode's releases and requests that waited behind held KV
+    ttfts: tuple[float, ...] = ()  # the follow-up turns' TTFTs, for intervals
 
     def share(self, outcome: str) -> float:
         return self.outcomes.get(outcome, 0) / self.n if self.n else 0.0
@@ -133,9 +135,23 @@ def point_stats(
                 ttft_p99=percentile(ttft, 99),
                 overcommit=overcommit(everything, (decode_capacity or {}).get(leg, ()), prefix if shared_prefix else 0),
                 held=(held_by_point or {}).get(key),
+                ttfts=tuple(ttft),
             )
         )
     return out
+
+
+def p99_over_off(p: PointStats, points: Sequence[PointStats]) -> tuple[float, float, float] | None:
+    """``p``'s follow-up TTFT p99 over the `off` leg's at the same point, and the bootstrap interval
+    of that ratio (`report.ratio_interval`); None for OFF itself or a point OFF did not run. A p99
+    of a dozen turns is their slowest: which leg a machine's hiccup lands on moves it, and two runs
+    of the CPU overcommit point at 2x gave 2.13x and 0.93x pooled (docs/results/cpu-2026-12-06d-router-time)."""
+    where = (p.prefix_tokens, p.suffix_tokens, p.live)
+    base = next((o for o in points if o.leg == OFF and (o.prefix_tokens, o.suffix_tokens, o.live) == where), None)
+    if p.leg == OFF or base is None or not p.ttfts or not base.ttfts:
+        return None
+    low, high = ratio_interval(p.ttfts, base.ttfts, 99)
+    return p.ttft_p99 / base.ttft_p99, low, high
 
 
 def cell(v: float | None, fmt: str = "{:.0f}") -> str:
@@ -158,13 +174,19 @@ def source_mix(p: PointStats) -> str:
 
 
 HEADERS = (
-    "leg", "prefix", "suffix", "live", "n", "TTFT p50", "TTFT p90", "TTFT p99", "outcomes", "P cache/D->P/computed %",
+    "leg", "prefix", "suffix", "live", "n", "TTFT p50", "TTFT p90", "TTFT p99", "p99/OFF", "outcomes",
+    "P cache/D->P/computed %",
     "new tok", "TPOT p50", "TPOT p90", "ITL p99", "TPOT n", "overcommit", "released/shortened/waited/lapsed",
 )  # fmt: skip
 
 
 def held_cell(p: PointStats) -> str:
     return "-" if p.held is None else f"{p.held.releases}/{p.held.trims}/{p.held.waited}/{p.held.lapsed}"
+
+
+def _vs_off(p: PointStats, points: Sequence[PointStats]) -> str:
+    got = p99_over_off(p, points)
+    return "-" if got is None else f"{got[0]:.2f} ({got[1]:.2f}-{got[2]:.2f})"
 
 
 def table_rows(points: Sequence[PointStats]) -> list[tuple[str, ...]]:
@@ -178,6 +200,7 @@ def table_rows(points: Sequence[PointStats]) -> list[tuple[str, ...]]:
             cell(p.ttft_p50),
             cell(p.ttft_p90),
             cell(p.ttft_p99),
+            _vs_off(p, points),
             outcome_mix(p),
             source_mix(p),
             cell(p.new_tokens),
@@ -193,7 +216,8 @@ def table_rows(points: Sequence[PointStats]) -> list[tuple[str, ...]]:
 
 
 NOTE = (
-    "Follow-up turns (turn >= 2) of each leg and point, ms. live: conversations live at once (--live). outcomes: "
+    "Follow-up turns (turn >= 2) of each leg and point, ms. live: conversations live at once (--live). "
+    f"p99/OFF: TTFT p99 over the off leg's at the point, with its {INTERVAL:.0%} bootstrap interval. outcomes: "
     "X-PDX-Reuse per turn. P cache/D->P/computed: the follow-ups' prompt tokens on prefill by where their KV "
     "came from (vllm:prompt_tokens_by_source over the point, the first turns' prompts taken off computed). "
     "new tok: median "
@@ -211,9 +235,13 @@ def markdown_table(points: Sequence[PointStats]) -> str:
     return f"{markdown(HEADERS, table_rows(points))}\n\n{NOTE}"
 
 
-def to_json(p: PointStats) -> dict[str, object]:
+def to_json(p: PointStats, points: Sequence[PointStats] = ()) -> dict[str, object]:
+    """A point's row; with every point of the run, its p99 over OFF's (`p99_over_off`) too."""
+
     def num(v: float | None) -> float | None:
         return None if v is None or v != v else v
+
+    vs_off = p99_over_off(p, points)
 
     return {
         "leg": p.leg,
@@ -231,6 +259,9 @@ def to_json(p: PointStats) -> dict[str, object]:
         "background_requests": p.streams,
         "live": p.live,
         "ttft_p99": num(p.ttft_p99),
+        "ttft_p99_over_off": None
+        if vs_off is None
+        else {"ratio": num(vs_off[0]), "low": num(vs_off[1]), "high": num(vs_off[2])},
         "overcommit": p.overcommit,
         "releases": None if p.held is None else p.held.releases,
         "trims": None if p.held is None else p.held.trims,

@@ -7,7 +7,7 @@ import aiohttp
 import pytest
 
 from pdx_bench.held import HeldFigures, held_demand, overcommit, read_holds
-from pdx_bench.points import point_stats, to_json
+from pdx_bench.points import markdown_table, p99_over_off, point_stats, to_json
 from pdx_bench.records import RequestRecord
 from pdx_router.testing.fake_engine import Cluster, EngineOptions, Held, start_engine
 
@@ -64,6 +64,29 @@ def test_a_point_carries_its_overcommit_p99_and_decodes_counts() -> None:
     assert out["overcommit"] == pytest.approx(2.0)
     assert (out["releases"], out["trims"], out["waited_on_held"]) == (3, 4, 0)
     assert out["ttft_p99"] == pytest.approx(200.0)
+    assert out["ttft_p99_over_off"] is None  # no OFF leg ran this point
+
+
+def test_each_legs_p99_is_read_against_offs_at_the_same_point_with_an_interval() -> None:
+    def leg(name: str, slow: float) -> list[RequestRecord]:
+        out = []
+        for i in range(12):
+            r = record(f"{name}{i}", 2, 1300, leg=name)
+            r.ttft_ms = 100.0 + i + (slow if i == 11 else 0.0)  # one hiccup decides each leg's p99
+            out.append(r)
+        return out
+
+    points = point_stats([*leg("off", 400.0), *leg("on", 100.0)])
+    on = next(p for p in points if p.leg == "on")
+    off = next(p for p in points if p.leg == "off")
+    got = p99_over_off(on, points)
+    assert got is not None
+    ratio, low, high = got
+    assert ratio == pytest.approx(on.ttft_p99 / off.ttft_p99) and ratio < 1
+    assert low <= ratio <= high and high > 1  # a dozen turns' slowest cannot tell these two apart
+    assert p99_over_off(off, points) is None
+    assert to_json(on, points)["ttft_p99_over_off"] == {"ratio": ratio, "low": low, "high": high}
+    assert "p99/OFF" in markdown_table(points) and f"{ratio:.2f} ({low:.2f}-{high:.2f})" in markdown_table(points)
 
 
 async def test_decodes_counts_are_read_from_its_holds_route_and_absent_without_it() -> None:
