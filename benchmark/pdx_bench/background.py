@@ -26,7 +26,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from .client import HDR_REUSE, request_body, sse_chunks
+from pdx_contract import headers as hdr
+
+from .client import request_body, sse_chunks
 from .workload import TokenCounter, filler
 
 
@@ -193,7 +195,7 @@ class BackgroundStreams:
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
             ) as resp:
                 rec.http_status = resp.status
-                rec.reuse = resp.headers.get(HDR_REUSE)
+                rec.reuse = resp.headers.get(hdr.REUSE)
                 if resp.status != 200:
                     rec.error = (await resp.text())[:500]
                     return

@@ -16,14 +16,11 @@ from typing import Any
 import aiohttp
 import orjson
 
+from pdx_contract import headers as hdr
+
 from .enginemetrics import EngineScraper, Snapshot, accumulate, snapshot_delta, xfer_totals
 from .records import RequestRecord, path_of
 from .workload import Conversation, TokenCounter, WordCounter, Workload
-
-HDR_PREFILL = "X-PDX-Prefill-Ms"
-HDR_ROUTER = "X-PDX-Router-Ms"
-HDR_REUSE = "X-PDX-Reuse"
-HDR_REUSED = "X-PDX-Reused-Tokens"
 
 
 @dataclass
@@ -110,10 +107,10 @@ async def chat(
             url, data=orjson.dumps(body), headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
         ) as resp:
             reply.status = resp.status
-            reply.prefill_ms = _float(resp.headers.get(HDR_PREFILL))
-            reply.router_ms = _float(resp.headers.get(HDR_ROUTER))
-            reply.reuse = resp.headers.get(HDR_REUSE)
-            reply.reused_tokens = int(_float(resp.headers.get(HDR_REUSED)) or 0)
+            reply.prefill_ms = _float(resp.headers.get(hdr.PREFILL_MS))
+            reply.router_ms = _float(resp.headers.get(hdr.ROUTER_MS))
+            reply.reuse = resp.headers.get(hdr.REUSE)
+            reply.reused_tokens = int(_float(resp.headers.get(hdr.REUSED_TOKENS)) or 0)
             if resp.status != 200:
                 reply.error = (await resp.text())[:500]
                 return reply

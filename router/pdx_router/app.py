@@ -18,6 +18,7 @@ import orjson
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from pdx_contract import headers as hdr
 from pdx_contract import kv_prefix
 from pdx_contract.stats import Holding
 
@@ -459,11 +460,11 @@ class Router:
         """Reuse facts describe the stored entries, so they go only to a trusted client."""
         out = {"X-Request-ID": ask.request_id}
         if self.cfg.reuse_headers:
-            out["X-PDX-Prefill-Ms"] = f"{done.prefill_ms:.1f}"
-            out["X-PDX-Router-Ms"] = f"{done.router_ms:.1f}"
-            out["X-PDX-Reuse"] = done.attempt.outcome.value
-            out["X-PDX-Reused-Tokens"] = str(done.attempt.reused_tokens)
-            out["X-PDX-Found-By"] = ask.found_by.value
+            out[hdr.PREFILL_MS] = f"{done.prefill_ms:.1f}"
+            out[hdr.ROUTER_MS] = f"{done.router_ms:.1f}"
+            out[hdr.REUSE] = done.attempt.outcome.value
+            out[hdr.REUSED_TOKENS] = str(done.attempt.reused_tokens)
+            out[hdr.FOUND_BY] = ask.found_by.value
         return out
 
     async def _decode(
