@@ -369,3 +369,49 @@ def test_the_manifest_says_why_for_every_trim_skip_and_pin(tmp_path: Path) -> No
         assert all(entry["reason"] for entry in doc[section].values())
     assert "flashinfer-python" in doc["skipped"]
     assert "torch" in text
+
+
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
+
+
+def test_the_checkout_counts_tracked_and_unignored_files_in_whole_blocks_and_not_ignored_ones(tmp_path: Path) -> None:
+    _git(tmp_path, "init", "-q")
+    (tmp_path / ".gitignore").write_text("big/\n")
+    (tmp_path / "tracked.txt").write_bytes(b"x" * 5000)  # two blocks
+    _git(tmp_path, "add", "tracked.txt", ".gitignore")
+    (tmp_path / "new.txt").write_bytes(b"y")  # untracked, not ignored: one block
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "wheel.whl").write_bytes(b"z" * (3 * wh.MIB))  # ignored, like .gpu/
+    assert wh.checkout_bytes(tmp_path) == 4 * wh.BLOCK  # .gitignore, tracked.txt (2), new.txt
+
+
+def test_outside_a_git_checkout_nothing_is_counted_and_parts_keep_the_default(tmp_path: Path) -> None:
+    assert wh.checkout_bytes(tmp_path) is None
+    assert wh.part_mib(None, None) == wh.DEFAULT_PART_MIB
+    assert wh.part_mib(50, None) == 50
+
+
+def test_parts_shrink_to_fit_beside_a_grown_checkout_and_never_grow_past_the_default() -> None:
+    assert wh.part_mib(None, 28 * wh.MIB) == wh.TRANSFER_MIB - wh.TRANSFER_MARGIN_MIB - 28
+    assert wh.part_mib(None, 1 * wh.MIB) == wh.DEFAULT_PART_MIB
+    assert wh.part_mib(20, 28 * wh.MIB) == 20
+
+
+def test_a_part_too_big_for_the_checkout_is_refused_naming_the_flag_and_the_size_that_fits() -> None:
+    fits = wh.TRANSFER_MIB - wh.TRANSFER_MARGIN_MIB - 28
+    with pytest.raises(wh.WheelhouseError, match=rf"--part-mib 40: .* pass --part-mib {fits} or less, or leave it out"):
+        wh.part_mib(40, 28 * wh.MIB)
+
+
+def test_a_checkout_that_leaves_no_room_for_a_part_is_refused_saying_what_to_move() -> None:
+    with pytest.raises(wh.WheelhouseError, match="move results or logs out of the tree"):
+        wh.part_mib(None, (wh.TRANSFER_MIB - wh.TRANSFER_MARGIN_MIB - wh.MIN_PART_MIB + 1) * wh.MIB)
+
+
+def test_this_project_leaves_room_beside_its_checkout_for_wheelhouse_parts() -> None:
+    """Each lent GPU call carries the checkout and one part (docs/gpu.md): committed results
+    must leave room for one."""
+    checkout = wh.checkout_bytes(ROOT)
+    assert checkout is not None
+    assert wh.part_mib(None, checkout) >= wh.MIN_PART_MIB

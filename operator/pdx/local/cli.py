@@ -65,9 +65,11 @@ def _wheelhouse(args: argparse.Namespace) -> int:
     try:
         target = wh.Target(torch=args.torch, cuda=args.cuda, python=args.python)
         target.check()
-        if not 1 <= args.part_mib <= 4096:
+        if args.part_mib is not None and not 1 <= args.part_mib <= 4096:
             raise wh.WheelhouseError(f"--part-mib {args.part_mib}: expected 1..4096 (MiB per part folder)")
-        wh.build(args.out, target, args.cache, args.part_mib * wh.MIB, log)
+        mib = wh.part_mib(args.part_mib, wh.checkout_bytes(Path.cwd()))
+        log(f"parts of at most {mib} MiB")
+        wh.build(args.out, target, args.cache, mib * wh.MIB, log)
     except wh.WheelhouseError as err:
         print(f"pdx local wheelhouse: {err}", file=sys.stderr)
         return err.exit_code
@@ -102,8 +104,9 @@ def add_parser(sub: Any) -> None:
     w.add_argument(
         "--part-mib",
         type=int,
-        default=wh.DEFAULT_PART_MIB,
-        help=f"most MiB per part folder, one transfer each beside the checkout ({wh.DEFAULT_PART_MIB})",
+        default=None,
+        help=f"most MiB per part folder, one transfer each beside the checkout (default: what fits beside "
+        f"this checkout in {wh.TRANSFER_MIB} MiB, at most {wh.DEFAULT_PART_MIB})",
     )
     w.add_argument(
         "--cache",

@@ -40,9 +40,14 @@ from packaging.utils import InvalidWheelFilename, NormalizedName, canonicalize_n
 from packaging.version import InvalidVersion, Version
 
 MIB: Final = 1 << 20
-# A part travels beside the checkout in one 64 MiB transfer: the tracked tree was ~20 MiB on
-# 2026-12-06 (results with their logs), where 48 MiB parts no longer fit.
-DEFAULT_PART_MIB: Final = 40
+# A part travels beside the checkout in one transfer of at most 64 MiB (a lent GPU machine's call,
+# docs/gpu.md). The checkout grows with every result committed: 48 MiB parts stopped fitting at
+# ~20 MiB of tracked tree, 40 MiB parts at ~27 (2026-12-06). So the part size follows the checkout.
+TRANSFER_MIB: Final = 64
+TRANSFER_MARGIN_MIB: Final = 4  # what the transfer counts beyond the files' blocks, unknown here
+MIN_PART_MIB: Final = 8  # below this the parts and their calls multiply: shrink the checkout instead
+DEFAULT_PART_MIB: Final = 40  # outside a git checkout (nothing travels beside the parts)
+BLOCK: Final = 4096  # a file's size as a disk holds it, which is what a transfer measured as
 # c1 also holds the installer, manifest.json, SHA256SUMS and parts.txt (tens of KiB).
 FIRST_PART_RESERVE: Final = MIB
 
@@ -469,6 +474,53 @@ def record_problems(wheel: Path) -> list[str]:
                 problems.append(f"{name}: hash differs from RECORD")
         problems += [f"{name}: in RECORD, not in the wheel" for name in rows if name != record]
     return problems
+
+
+# --- how big a part may be ----------------------------------------------------------------------
+
+
+def checkout_bytes(root: Path) -> int | None:
+    """What a transfer copies of the git checkout at `root` (its tracked files and the untracked
+    ones git does not ignore), in whole blocks; None when `root` is not in a git checkout."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=root,
+            capture_output=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    total = 0
+    for name in filter(None, listed.split(b"\0")):
+        path = root / name.decode("utf-8", "surrogateescape")
+        if path.is_file() and not path.is_symlink():
+            total += -(-path.stat().st_size // BLOCK) * BLOCK
+    return total
+
+
+def part_mib(asked: int | None, checkout: int | None) -> int:
+    """The part size in MiB: `asked` if it fits beside the checkout in one transfer, else an
+    error naming the largest that does; None: the largest that fits (DEFAULT_PART_MIB outside a
+    checkout, and never above it)."""
+    if checkout is None:
+        return DEFAULT_PART_MIB if asked is None else asked
+    room = (TRANSFER_MIB - TRANSFER_MARGIN_MIB) * MIB - checkout
+    fits = room // MIB
+    here = f"this checkout ({checkout / MIB:.1f} MiB of files that travel with every call)"
+    if fits < MIN_PART_MIB:
+        raise WheelhouseError(
+            f"{here} leaves {max(fits, 0)} MiB of a {TRANSFER_MIB} MiB transfer for a part, under {MIN_PART_MIB}: "
+            "move results or logs out of the tree, or git-ignore what the GPU does not need"
+        )
+    if asked is None:
+        return min(fits, DEFAULT_PART_MIB)
+    if asked > fits:
+        raise WheelhouseError(
+            f"--part-mib {asked}: a part and {here} come to more than the {TRANSFER_MIB} MiB one call "
+            f"carries (with {TRANSFER_MARGIN_MIB} MiB spare); pass --part-mib {fits} or less, or leave it out"
+        )
+    return asked
 
 
 # --- packing into parts -----------------------------------------------------------------------
