@@ -384,6 +384,7 @@ def test_the_checkout_counts_tracked_and_unignored_files_in_whole_blocks_and_not
     (tmp_path / "big").mkdir()
     (tmp_path / "big" / "wheel.whl").write_bytes(b"z" * (3 * wh.MIB))  # ignored, like .gpu/
     assert wh.checkout_bytes(tmp_path) == 4 * wh.BLOCK  # .gitignore, tracked.txt (2), new.txt
+    assert wh.checkout_bytes(tmp_path / "big") == 4 * wh.BLOCK  # from a folder inside: the whole checkout
 
 
 def test_outside_a_git_checkout_nothing_is_counted_and_parts_keep_the_default(tmp_path: Path) -> None:

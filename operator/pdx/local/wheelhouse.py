@@ -47,7 +47,7 @@ TRANSFER_MIB: Final = 64
 TRANSFER_MARGIN_MIB: Final = 4  # what the transfer counts beyond the files' blocks, unknown here
 MIN_PART_MIB: Final = 8  # below this the parts and their calls multiply: shrink the checkout instead
 DEFAULT_PART_MIB: Final = 40  # outside a git checkout (nothing travels beside the parts)
-BLOCK: Final = 4096  # a file's size as a disk holds it, which is what a transfer measured as
+BLOCK: Final = 4096  # files counted as a disk holds them: a refused transfer's count was above their bytes
 # c1 also holds the installer, manifest.json, SHA256SUMS and parts.txt (tens of KiB).
 FIRST_PART_RESERVE: Final = MIB
 
@@ -479,10 +479,14 @@ def record_problems(wheel: Path) -> list[str]:
 # --- how big a part may be ----------------------------------------------------------------------
 
 
-def checkout_bytes(root: Path) -> int | None:
-    """What a transfer copies of the git checkout at `root` (its tracked files and the untracked
-    ones git does not ignore), in whole blocks; None when `root` is not in a git checkout."""
+def checkout_bytes(where: Path) -> int | None:
+    """What a transfer copies of the git checkout holding `where` (its tracked files and the
+    untracked ones git does not ignore), in whole blocks; None outside a git checkout."""
     try:
+        top = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"], cwd=where, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        root = Path(top)
         listed = subprocess.run(
             ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
             cwd=root,
