@@ -14,7 +14,7 @@ import yaml
 
 from pdx.resource import manifest_documents
 
-from . import agentic, decodelocal, firstturn, prefixcache
+from . import agentic, decodelocal, firstturn, prefixcache, tails
 from .background import BackgroundSpec, write_streams
 from .breakdown import (
     BREAKDOWN_HEADERS,
@@ -794,6 +794,8 @@ def write_outputs(
     )
     if per_point_shown:
         sections.insert(0, ("TTFT and background TPOT per leg and point", points_table(per_point)))
+        heading = "The slowest follow-ups per leg and point: where their time went (ms)"
+        sections.insert(1, (heading, tails.markdown_table(records)))
     mix = cfg.spec.suffix_mix
     buckets = agentic.bucket_rows(records, mix) if mix is not None else []
     if mix is not None:

@@ -80,7 +80,7 @@ class PointStats:
         return self.outcomes.get(outcome, 0) / self.n if self.n else 0.0
 
 
-def _key(r: RequestRecord) -> PointKey:
+def point_key(r: RequestRecord) -> PointKey:
     """A record's point; a suffix mix's turns (each its own suffix) are one point."""
     return (r.leg, r.prefix_tokens, None if r.suffix_mix else r.suffix_tokens, r.live_conversations)
 
@@ -101,15 +101,15 @@ def point_stats(
     prefix (one system prompt), which decode keeps once."""
     keys: list[PointKey] = []
     for r in sorted(records, key=lambda r: r.start_time_ms):
-        key = _key(r)
+        key = point_key(r)
         if r.turn >= min_turn and key not in keys:
             keys.append(key)
     out = []
     for key in keys:
         leg, prefix, suffix, live = key
-        everything = [r for r in records if _key(r) == key]
+        everything = [r for r in records if point_key(r) == key]
         group = [r for r in everything if r.turn >= min_turn]
-        first = sum(float(r.input_num_tokens) for r in records if _key(r) == key and r.turn < min_turn)
+        first = sum(float(r.input_num_tokens) for r in records if point_key(r) == key and r.turn < min_turn)
         ttft = [r.ttft_ms for r in group]
         held = [float(r.input_num_tokens - r.reused_tokens) for r in group if r.reuse == "hit" and r.reused_tokens]
         leg_streams = [s for s in streams if s.leg == leg]

@@ -126,5 +126,6 @@ def test_the_cli_writes_each_legs_streams_and_the_per_point_table(
     assert all(p["tpot_n"] > 0 and p["tpot_p90"] > 0 for p in summary["points"])
     report = (out / "report.md").read_text()
     assert "## TTFT and background TPOT per leg and point" in report and "| local | 30 | 16 | - | 2 |" in report
+    assert "## The slowest follow-ups per leg and point: where their time went (ms)" in report
     assert "**local leg**: the engines of the leg before" in report and "**background**: 2 streams" in report
     assert "OFF vs ON" not in report and not (out / "ttft_vs_prompt_length.png").exists()  # no such legs ran
