@@ -90,6 +90,7 @@ PLUGINS: dict[str, Plugin] = {
     "pdx_tokenize_cache": Plugin("tokenize_cache.py", (tokenize_cache.ENV,)),
     "pdx_held_kv": Plugin("held_kv.py", also=("holds_route.py",)),
     "pdx_detokenize_prime": Plugin("detokenize_prime.py"),
+    "pdx_ascending_blocks": Plugin("block_order.py"),
 }
 # vLLM's line format: "(EngineCore pid=1) INFO 12-03 11:43:44 [idle_wait.py:88] pdx plugin: ...".
 _PLUGIN_LINE = re.compile(

@@ -47,6 +47,8 @@ GPU_LOG = (
     " vllm.entrypoints.launchers.app serves /v1/pdx/holds (claims on decode's held KV)\n"
     "(APIServer pid=7) INFO 12-03 11:44:10 [detokenize_prime.py:89] pdx plugin: a first token was detokenized"
     " against the prompt's last ids, not all 2073\n"
+    "(EngineCore_DP0 pid=9) INFO 12-03 11:43:56 [block_order.py:76] pdx plugin: KV blocks are handed out in"
+    " ascending order (NIXL merges their runs)\n"
 )
 
 

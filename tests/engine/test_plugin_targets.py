@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from pdx_engine import import_hook, prefix_check, vllm_plugin
+from pdx_engine import block_order, import_hook, prefix_check, vllm_plugin
 
 
 def test_modules_are_found_without_importing_them() -> None:
@@ -36,3 +36,9 @@ def test_a_serving_class_without_the_stream_method_is_logged_as_an_error(caplog:
     with caplog.at_level(logging.ERROR, logger="vllm.pdx_plugin"):
         assert not vllm_plugin.patch_module(types.ModuleType(name))
     assert "not found; its streams lack kv_transfer_params" in caplog.text
+
+
+def test_a_block_pool_module_without_the_pool_is_logged_as_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.ERROR, logger="vllm.pdx_plugin"):
+        block_order.patch_module(types.ModuleType(block_order.MODULE))
+    assert "has no BlockPool.get_new_blocks; KV blocks keep vLLM's order" in caplog.text
