@@ -33,7 +33,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .enginemetrics import POST_TIME, PREFILL_TIME, QUEUE_TIME, TTFT, XFER_TIME, GroupEngines, Histograms, Snapshot
+from .enginemetrics import (
+    COPIES,
+    POST_TIME,
+    PREFILL_TIME,
+    QUEUE_TIME,
+    TTFT,
+    XFER_TIME,
+    GroupEngines,
+    Histograms,
+    Snapshot,
+)
 from .records import RequestRecord, path_of
 from .report import percentile
 
@@ -329,13 +339,27 @@ def breakdown_rows(rows: Sequence[Breakdown]) -> list[tuple[str, ...]]:
     return out
 
 
-ENGINE_HEADERS = ("leg", "prefix", "scope", "role", "TTFT", "queue", "prefill", "NIXL xfer", "NIXL post")
+ENGINE_HEADERS = ("leg", "prefix", "scope", "role", "TTFT", "queue", "prefill", "NIXL xfer", "NIXL post", "NIXL copies")
 
 
 def _cell(f: Figure) -> str:
     if f.count is None:
         return "-"
     return f"{ms(f.mean_ms)} ({f.count:.0f})"
+
+
+def copies(hists: Histograms | None) -> tuple[float | None, float | None]:
+    """NIXL's copies per transfer the engine initiated (blocks after NIXL merged adjacent ones),
+    and the transfers; (None, None) where not exported, mean None where nothing was moved."""
+    hist = hists.get(COPIES) if hists is not None else None
+    if hist is None:
+        return None, None
+    return (hist.sum / hist.count if hist.count > 0 else None), hist.count
+
+
+def _copies_cell(hists: Histograms | None) -> str:
+    mean, count = copies(hists)
+    return "-" if count is None else f"{ms(mean)} ({count:.0f})"
 
 
 def engine_rows(engines: Mapping[str, Mapping[int, GroupEngines]]) -> list[tuple[str, ...]]:
@@ -346,7 +370,8 @@ def engine_rows(engines: Mapping[str, Mapping[int, GroupEngines]]) -> list[tuple
             scope = scope_of(by_length[length])
             for role, hists in sorted(window(by_length[length], scope).items()):
                 figs = role_figures(hists)
-                out.append((leg, str(length), scope, role, *(_cell(figs[k]) for k, _ in ROLE_METRICS)))
+                cells = (_cell(figs[k]) for k, _ in ROLE_METRICS)
+                out.append((leg, str(length), scope, role, *cells, _copies_cell(hists)))
     return out
 
 
@@ -360,7 +385,10 @@ def engines_json(engines: Mapping[str, Mapping[int, GroupEngines]]) -> dict[str,
         return {
             role: None
             if h is None
-            else {k: {"mean_ms": f.mean_ms, "count": f.count} for k, f in role_figures(h).items()}
+            else {
+                **{k: {"mean_ms": f.mean_ms, "count": f.count} for k, f in role_figures(h).items()},
+                "copies": dict(zip(("mean", "count"), copies(h), strict=True)),
+            }
             for role, h in s.items()
         }
 

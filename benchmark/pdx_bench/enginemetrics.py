@@ -14,8 +14,9 @@ The names, identical in vLLM 0.26.0 and 0.32.0:
   server rendered and tokenized it) to its first token;
 - `vllm:request_queue_time_seconds`: waiting before first scheduled;
 - `vllm:request_prefill_time_seconds`: first scheduled to first token;
-- `vllm:nixl_xfer_time_seconds`, `vllm:nixl_post_time_seconds`, `vllm:nixl_bytes_transferred`:
-  one observation per NIXL transfer the engine initiated (duration, time to post it, bytes).
+- `vllm:nixl_xfer_time_seconds`, `vllm:nixl_post_time_seconds`, `vllm:nixl_bytes_transferred`,
+  `vllm:nixl_num_descriptors`: one observation per NIXL transfer the engine initiated (duration,
+  time to post it, bytes, and the copies NIXL made of it once it merged adjacent blocks).
 
 Two more, vLLM 0.32.0 (`vllm/v1/metrics/loggers.py`, `stats.py`):
 - `vllm:prompt_tokens_by_source`, a counter by `source`: each prompt token the engine
@@ -42,7 +43,8 @@ PREFILL_TIME = "vllm:request_prefill_time_seconds"
 XFER_TIME = "vllm:nixl_xfer_time_seconds"
 POST_TIME = "vllm:nixl_post_time_seconds"
 XFER_BYTES = "vllm:nixl_bytes_transferred"
-HISTOGRAMS: tuple[str, ...] = (TTFT, QUEUE_TIME, PREFILL_TIME, XFER_TIME, POST_TIME, XFER_BYTES)
+COPIES = "vllm:nixl_num_descriptors"
+HISTOGRAMS: tuple[str, ...] = (TTFT, QUEUE_TIME, PREFILL_TIME, XFER_TIME, POST_TIME, XFER_BYTES, COPIES)
 PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source"
 CACHE_CONFIG = "vllm:cache_config_info"
 SOURCE_PREFIX = f"{PROMPT_BY_SOURCE}:"

@@ -55,6 +55,19 @@ ON = Leg("on", (("kvTransfer.bidirectional", True),))
 DP = Leg("dp", (("kvTransfer.bidirectional", True), ("router.decodeLocalMaxTokens", 0)))
 # ON with each claim taken on arrival (before router.claimQueueTokens): what the gate changes.
 ARRIVAL = Leg("on-arrival", (("kvTransfer.bidirectional", True), ("router.claimQueueTokens", 1 << 30)))
+# DP on engines that hand out KV blocks in vLLM's order (pdx_engine.block_order off): what that
+# plugin changes on the D->P path, side by side. Its own engines: one more start.
+DP_VLLM_ORDER = Leg(
+    "dp-vllm-order",
+    (
+        *DP.changes,
+        ("prefill.env.PDX_ASCENDING_BLOCKS", "0"),
+        ("decode.env.PDX_ASCENDING_BLOCKS", "0"),
+    ),
+)
+# ON claiming a hold only while prefill's queue is under 8k tokens (the default allows 32k): whether
+# the overcommit point's waits on claimed holds are the claim window's.
+CLAIM_8K = Leg("on-claim8k", (("kvTransfer.bidirectional", True), ("router.claimQueueTokens", 8192)))
 CORRECT = "correct"  # scripts/gpu-correct.sh: run by the shell script, its time reserved here
 CORRECT_WHAT = "scripts/gpu-correct.sh: greedy output ON == OFF on the seeded model, edited histories, plugins"
 
@@ -63,10 +76,12 @@ CORRECT_WHAT = "scripts/gpu-correct.sh: greedy output ON == OFF on the seeded mo
 class Costs:
     """What the estimate counts with, per profile. GPU: the H100 run of 2026-12-05
     (docs/results/h100-2026-12-05-held: OFF's 32.7k-token turn 1,293 ms p50, so 0.04 s per
-    thousand prompt tokens computed; legs ready after 88-124 s, both engines starting at once;
-    gpu-correct.sh 122 s)."""
+    thousand prompt tokens computed; gpu-correct.sh 122 s) and the H100 waves of 2026-12-06
+    (docs/results/h100-2026-12-06d-wave, -06e-wave: the first legs ready after 124 and 170 s, both
+    engines starting at once; every later start 84-90 s, vLLM's compile cache then warm)."""
 
-    engine_start_s: float
+    engine_start_s: float  # the wave's first start
+    engine_restart_s: float  # every later one
     per_ktok_s: float  # prefill compute per thousand prompt tokens
     tpot_s: float  # per answer token
     request_s: float  # per request beyond compute: HTTP, the router, the engines' scrapes
@@ -74,8 +89,18 @@ class Costs:
     warmup_s: float
 
 
-GPU_COSTS = Costs(engine_start_s=130.0, per_ktok_s=0.04, tpot_s=0.012, request_s=0.12, correct_s=150.0, warmup_s=3.0)
-CPU_COSTS = Costs(engine_start_s=60.0, per_ktok_s=0.5, tpot_s=0.03, request_s=0.3, correct_s=0.0, warmup_s=5.0)
+GPU_COSTS = Costs(
+    engine_start_s=170.0,
+    engine_restart_s=100.0,
+    per_ktok_s=0.04,
+    tpot_s=0.012,
+    request_s=0.12,
+    correct_s=150.0,
+    warmup_s=3.0,
+)
+CPU_COSTS = Costs(
+    engine_start_s=60.0, engine_restart_s=60.0, per_ktok_s=0.5, tpot_s=0.03, request_s=0.3, correct_s=0.0, warmup_s=5.0
+)
 
 # The machine's 25 minutes less what is not the wave: the machine start (~90 s), four staging
 # calls and the install (~60 s), the calls that collect results (~30 s).
@@ -139,6 +164,12 @@ def _reuses(leg: Leg) -> bool:
     return dict(leg.changes).get("kvTransfer.bidirectional", True) is not False
 
 
+def _engines(leg: Leg) -> tuple[tuple[str, str], ...]:
+    """What of the leg the engines see (every change but the router's): legs alike run on the same
+    engines, and a leg unlike the one before starts them (the local target compares the same way)."""
+    return tuple(sorted((path, repr(value)) for path, value in leg.changes if not path.startswith("router.")))
+
+
 def _mean_new_tokens(spec: WorkloadSpec) -> float:
     """A follow-up turn's new tokens on average (a mix's: its buckets' log-uniform means)."""
     mix = spec.suffix_mix
@@ -171,18 +202,20 @@ class Plan:
 
     def steps(self) -> list[Step]:
         """The legs in the order they run: a whole part's (the sweep's) in its own order, then every
-        other part's legs on the engines running, then on the others (two starts for a subset
-        without the sweep, whatever its parts' leg orders)."""
+        other part's legs on the engines running, then on each other set of engines, in the order
+        the parts first ask for them (two starts for a subset without the sweep and with ON and
+        OFF legs, whatever its parts' leg orders)."""
         if not self.parts:
             return []
         order: list[tuple[str, Leg]] = [(p.name, leg) for p in self.parts if p.whole for leg in p.legs]
         rest = [(p.name, leg) for p in self.parts if not p.whole for leg in p.legs]
-        state = _reuses((order or rest)[-1 if order else 0][1])
-        order += [s for s in rest if _reuses(s[1]) == state] + [s for s in rest if _reuses(s[1]) != state]
+        running_first = _engines((order or rest)[-1 if order else 0][1])
+        kinds = list(dict.fromkeys([running_first, *(_engines(leg) for _, leg in rest)]))
+        order += [s for kind in kinds for s in rest if _engines(s[1]) == kind]
         out: list[Step] = []
-        running: bool | None = None
+        running: tuple[tuple[str, str], ...] | None = None
         for name, leg in order:
-            engines = _reuses(leg)
+            engines = _engines(leg)
             out.append(Step(name, leg, engines != running, self.part(name).estimate_s(leg, self.costs)))
             running = engines
         return out
@@ -193,7 +226,12 @@ class Plan:
     def estimate_s(self) -> float:
         """Every step, every engine start of the benchmark's topology, and correct's reserve."""
         legs = sum(s.estimate_s for s in self.steps())
-        return legs + self.starts() * self.costs.engine_start_s + self.reserve_s
+        starts = self.starts()
+        return (
+            legs
+            + (self.costs.engine_start_s + (starts - 1) * self.costs.engine_restart_s if starts else 0.0)
+            + self.reserve_s
+        )
 
     @property
     def reserve_s(self) -> float:
@@ -206,6 +244,7 @@ class Plan:
             "estimate_s": round(self.estimate_s()),
             "engine_starts": self.starts(),
             "engine_start_s": self.costs.engine_start_s,
+            "engine_restart_s": self.costs.engine_restart_s,
             "correct_reserve_s": self.reserve_s,
             "parts": [{"name": p.name, "what": p.what, "legs": [leg.name for leg in p.legs]} for p in self.parts]
             + (
@@ -228,7 +267,8 @@ def _parts_gpu() -> tuple[Part, ...]:
         Part("sweep", "the seed's sweep to 32k, OFF, ON and the bound (the held-KV valve on: the default)",
              (OFF, ON), (2000, 8000, 16000, 24000, 32000), replace(base, conversations=5, seed=0), whole=True),
         Part("suffix2k", "2k-token suffixes at 12k and 20k: ON (an idle decode takes them) and the D->P path, "
-             "each over the bound", (ON, DP, OFF), (12000, 20000), replace(base, seed=1), suffixes=(2000,)),
+             "each over the bound; the D->P path also with vLLM's block order", (ON, DP, DP_VLLM_ORDER, OFF),
+             (12000, 20000), replace(base, seed=1), suffixes=(2000,)),
         Part("agentic", f"the agentic mix at 16k ({AGENTIC.describe()})",
              (ON, OFF), (16000,), replace(base, turns=5, conversations=6, seed=2, suffix_mix=AGENTIC)),
         Part("tpot", "decode-local at the default threshold against D->P, 3 streams decoding: their TPOT",
@@ -238,8 +278,8 @@ def _parts_gpu() -> tuple[Part, ...]:
         Part("load", "8 clients, 16 conversations at 16k, OFF and ON",
              (ON, OFF), (16000,), replace(base, conversations=16, concurrency=8, seed=4), bound=False),
         Part("overcommit", "12 live conversations of their own 16k prefix: about 2x decode's KV, the valve's point",
-             (ON, ARRIVAL, OFF), (16000,), replace(base, think_time_s=2.0, shared_prefix=False, seed=5), live=(12,),
-             bound=False),
+             (ON, ARRIVAL, CLAIM_8K, OFF), (16000,), replace(base, think_time_s=2.0, shared_prefix=False, seed=5),
+             live=(12,), bound=False),
     )  # fmt: skip
 
 
@@ -252,8 +292,8 @@ def _parts_cpu() -> tuple[Part, ...]:
     local = Leg("local", (("kvTransfer.bidirectional", True), ("router.decodeLocalMaxTokens", 128)))
     return (
         Part("sweep", "the sweep, OFF, ON and the bound", (OFF, ON), (256, 1024), replace(base, seed=0), whole=True),
-        Part("suffix2k", "long suffixes: ON and D->P over the bound", (ON, DP, OFF), (512,), replace(base, seed=1),
-             suffixes=(256,)),
+        Part("suffix2k", "long suffixes: ON and D->P over the bound, D->P also with vLLM's block order",
+             (ON, DP, DP_VLLM_ORDER, OFF), (512,), replace(base, seed=1), suffixes=(256,)),
         Part("agentic", f"the mix {CPU_MIX.describe()}", (ON, OFF), (512,),
              replace(base, turns=4, conversations=3, seed=2, suffix_mix=CPU_MIX)),
         Part("tpot", "decode-local against D->P with a stream", (DP, local), (512,),
@@ -359,7 +399,8 @@ def run(
     try:
         for i, step in enumerate(steps):
             part = wave.part(step.part)
-            need = step.estimate_s + (wave.costs.engine_start_s if step.start else 0.0)
+            start_s = wave.costs.engine_restart_s if any(s.start for s in steps[:i]) else wave.costs.engine_start_s
+            need = step.estimate_s + (start_s if step.start else 0.0)
             entry: dict[str, Any] = {"part": step.part, "leg": step.leg.name, "estimate_s": round(need, 1)}
             progress.steps.append(entry)
             if clock() + need > deadline:

@@ -112,11 +112,16 @@ def seed_table(sweep: Path) -> tuple[str, dict[str, Any]]:
 
 def _rows_table(summary: dict[str, Any]) -> str:
     """OFF, ON and the bound per prefix; with a `dp` leg (ON through prefill, decode-local off),
-    the D->P path over the same bound too."""
+    the D->P path over the same bound too, and so each other `dp-*` leg (a variant of that path)."""
     headers: tuple[str, ...] = ("prefix", "OFF p50", "OFF p90", "ON p50", "ON p90", "OFF/ON", "bound p50", "ON/bound")
-    dp = {p["prefix_tokens"]: p for p in summary.get("points", []) if p.get("leg") == "dp"}
-    if dp:
-        headers += ("D->P p50", "D->P/bound")
+    points = summary.get("points", [])
+    dp_legs = list(
+        dict.fromkeys(p["leg"] for p in points if p.get("leg") == "dp" or p.get("leg", "").startswith("dp-"))
+    )
+    dps = {leg: {p["prefix_tokens"]: p for p in points if p.get("leg") == leg} for leg in dp_legs}
+    for leg in dp_legs:
+        name = "D->P" if leg == "dp" else leg
+        headers += (f"{name} p50", f"{name}/bound")
     body = []
     for r in summary.get("rows", []):
         off, on, bound = r.get("off") or {}, r.get("on") or {}, r.get("bound") or {}
@@ -125,7 +130,7 @@ def _rows_table(summary: dict[str, Any]) -> str:
             cell(on.get("ttft_p90")), cell(r.get("ratio"), "{:.2f}x"), cell(bound.get("ttft_p50")),
             cell(r.get("on_over_bound"), "{:.2f}x"),
         )  # fmt: skip
-        if dp:
+        for dp in dps.values():
             p50 = (dp.get(r["length"]) or {}).get("ttft_p50")
             row += (cell(p50), cell(_ratio(p50, bound.get("ttft_p50")), "{:.2f}x"))
         body.append(row)

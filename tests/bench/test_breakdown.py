@@ -17,6 +17,7 @@ from pdx_bench.breakdown import (
     role_figures,
 )
 from pdx_bench.enginemetrics import (
+    COPIES,
     POST_TIME,
     QUEUE_TIME,
     TTFT,
@@ -173,11 +174,17 @@ def test_report_rows_per_length_and_per_role() -> None:
     assert cells["D->P post"] == "-"  # not exported: blank
     assert cells["decode hop"] == "60.0" and cells["D API+HTTP"] == "30.0"
     assert dict(zip(BREAKDOWN_HEADERS, breakdown_rows(rows)[1], strict=True))["P engine TTFT"] == "-"  # none for 4000
+    on_prefill = engines["on"][1000].followups["prefill"]  # type: ignore[index]
+    assert on_prefill is not None
+    on_prefill[COPIES] = Hist(36.0, 3)
     per_role = engine_rows(engines)
-    assert ("on", "1000", FOLLOWUPS, "decode", "30.0 (3)", "-", "-", "3.0 (3)", "-") in per_role
-    assert ("off", "1000", FOLLOWUPS, "prefill", "300.0 (3)", "10.0 (3)", "-", "20.0 (3)", "-") in per_role
+    assert ("on", "1000", FOLLOWUPS, "decode", "30.0 (3)", "-", "-", "3.0 (3)", "-", "-") in per_role
+    assert ("on", "1000", FOLLOWUPS, "prefill", "45.0 (3)", "10.0 (3)", "-", "20.0 (3)", "-", "12.0 (3)") in per_role
+    assert ("off", "1000", FOLLOWUPS, "prefill", "300.0 (3)", "10.0 (3)", "-", "20.0 (3)", "-", "-") in per_role
     as_json = engines_json(engines)["on"]["1000"]
     assert as_json[FOLLOWUPS]["decode"]["post"] == {"mean_ms": None, "count": None}
+    assert as_json[FOLLOWUPS]["prefill"]["copies"] == {"mean": pytest.approx(12.0), "count": 3}
+    assert as_json[FOLLOWUPS]["decode"]["copies"] == {"mean": None, "count": None}
     assert as_json[ALL_TURNS]["prefill"]["ttft"] == {"mean_ms": pytest.approx(45.0), "count": 3}
     j = rows[0].to_json()
     assert j["prefill_api_http_ms"] == pytest.approx(15.0) and j["bound"]["ttft_p50_ms"] is None

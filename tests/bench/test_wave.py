@@ -39,16 +39,19 @@ def test_the_gpu_plan_names_every_figure_of_the_wave_and_fits_25_minutes_of_mach
         (p.name, leg.name) for p in plan.parts for leg in p.legs
     )
     assert [(s.part, s.leg.name) for s in steps[:2]] == [("sweep", "off"), ("sweep", "on")]
-    # then every ON-side leg on the engines the sweep left, then the OFF legs: three starts in all
+    # then every ON-side leg on the engines the sweep left, the D->P leg on engines in vLLM's block
+    # order, then the OFF legs: four starts in all, each set of engines started once
     sides = [wave._reuses(s.leg) for s in steps[1:]]
-    assert sides == sorted(sides, reverse=True) and plan.starts() == 3
-    assert [s.start for s in steps].count(True) == 3
-    # the arithmetic: legs, starts and correct's reserve, within the budget
+    assert sides == sorted(sides, reverse=True) and plan.starts() == 4
+    assert [s.leg.name for s in steps if s.start] == ["off", "on", "dp-vllm-order", "off"]
+    # the arithmetic: legs, the first start and the later ones, correct's reserve, within the budget
     legs = sum(s.estimate_s for s in steps)
-    assert plan.estimate_s() == pytest.approx(legs + 3 * wave.GPU_COSTS.engine_start_s + wave.GPU_COSTS.correct_s)
+    costs = wave.GPU_COSTS
+    starts = costs.engine_start_s + 3 * costs.engine_restart_s
+    assert plan.estimate_s() == pytest.approx(legs + starts + costs.correct_s)
     assert plan.estimate_s() <= plan.budget_s
-    # part after part, OFF then ON, would start the engines twelve times: over the budget
-    assert legs + 12 * wave.GPU_COSTS.engine_start_s + wave.GPU_COSTS.correct_s > plan.budget_s
+    # part after part, OFF then ON, would start the engines thirteen times: over the budget
+    assert legs + costs.engine_start_s + 12 * costs.engine_restart_s + costs.correct_s > plan.budget_s
 
 
 @pytest.mark.parametrize("cr", ["examples/local-gpu.yaml", "examples/local-gpu-tp2.yaml"])
@@ -58,11 +61,15 @@ def test_every_part_fits_the_gpu_examples_max_model_len(cr: str) -> None:
         assert max_prompt_tokens(part.spec, list(part.lengths), list(part.suffixes)) <= limit, part.name
 
 
-def test_a_subset_without_the_sweep_starts_the_engines_twice_on_side_first() -> None:
+def test_a_subset_without_the_sweep_starts_each_set_of_engines_once_on_side_first() -> None:
     steps = wave.plan("gpu", ["suffix2k", "agentic"]).steps()
     assert [(s.part, s.leg.name, s.start) for s in steps] == [
         ("suffix2k", "on", True), ("suffix2k", "dp", False), ("agentic", "on", False),
-        ("suffix2k", "off", True), ("agentic", "off", False),
+        ("suffix2k", "dp-vllm-order", True), ("suffix2k", "off", True), ("agentic", "off", False),
+    ]  # fmt: skip
+    steps = wave.plan("gpu", ["agentic", "load"]).steps()
+    assert [(s.part, s.leg.name, s.start) for s in steps] == [
+        ("agentic", "on", True), ("load", "on", False), ("agentic", "off", True), ("load", "off", False),
     ]  # fmt: skip
 
 
@@ -117,12 +124,15 @@ def _run(
     return plan, rc
 
 
-def test_the_whole_wave_on_fakes_three_engine_starts_each_part_packed_and_reported(tmp_path: Path) -> None:
+def test_the_whole_wave_on_fakes_four_engine_starts_each_part_packed_and_reported(tmp_path: Path) -> None:
     plan, rc = _run(tmp_path)
     out = tmp_path / "out"
     assert rc == 0, (out / "wave.log").read_text()
-    # the engines started as planned: OFF, ON, OFF; every other leg kept the running ones
-    assert [d["spec"]["kvTransfer"]["bidirectional"] for d in FakeTopology.started] == [False, True, False]
+    # the engines started as planned: OFF, ON, ON in vLLM's block order, OFF; every other leg kept
+    # the running ones
+    assert [d["spec"]["kvTransfer"]["bidirectional"] for d in FakeTopology.started] == [False, True, True, False]
+    orders = [d["spec"].get("prefill", {}).get("env", {}).get("PDX_ASCENDING_BLOCKS") for d in FakeTopology.started]
+    assert orders == [None, None, "0", None]
     assert all(d["spec"]["decode"]["extraArgs"] == ["--num-gpu-blocks-override", "24"] for d in FakeTopology.started)
     status = json.loads((out / "wave.json").read_text())
     assert [(s["part"], s["leg"]) for s in status["steps"]] == [(s.part, s.leg.name) for s in plan.steps()]
@@ -153,7 +163,8 @@ def test_the_whole_wave_on_fakes_three_engine_starts_each_part_packed_and_report
     for heading in ("2k-token suffixes", "The agentic mix", "Load: 8 clients", "One overcommit point", "Decode-local"):
         assert heading in report
     suffix2k = report.split("## 2k-token suffixes")[1].split("##")[0]
-    assert "| D->P p50 | D->P/bound |" in suffix2k and not re.search(r"\| - \| - \|\n", suffix2k), suffix2k
+    assert "| D->P p50 | D->P/bound | dp-vllm-order p50 | dp-vllm-order/bound |" in suffix2k, suffix2k
+    assert not re.search(r"\| - \| - \|\n", suffix2k), suffix2k
     rows = json.loads((out / "report.json").read_text())["sweep"]["rows"]
     mine = next(r for r in rows if r["length"] == 256)
     assert mine["off_mean"] > 0 and mine["on_p50"] > 0 and mine["bound_p50"] > 0 and mine["first_on_over_off"] > 0
