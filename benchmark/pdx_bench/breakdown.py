@@ -363,7 +363,8 @@ def _copies_cell(hists: Histograms | None) -> str:
 
 
 def engine_rows(engines: Mapping[str, Mapping[int, GroupEngines]]) -> list[tuple[str, ...]]:
-    """Each leg, length and role: every figure as `mean ms (count)`, `-` where not exported."""
+    """Each leg, length and role: every time as `mean ms (count)`, NIXL's copies per transfer as
+    `mean (count)`, `-` where not exported."""
     out: list[tuple[str, ...]] = []
     for leg, by_length in engines.items():
         for length in sorted(by_length):
