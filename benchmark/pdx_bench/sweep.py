@@ -98,15 +98,16 @@ def set_bidirectional(document: dict[str, Any], value: bool) -> dict[str, Any]:
     return with_changes(document, as_leg(value).changes)
 
 
+def engines_see(document: dict[str, Any]) -> dict[str, Any]:
+    """What of a document the engines see: all of it but `spec.router`."""
+    out = copy.deepcopy(document)
+    out.get("spec", {}).pop("router", None)
+    return out
+
+
 def only_router_differs(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two documents differ in `spec.router` alone: the engines need not restart."""
-
-    def rest(doc: dict[str, Any]) -> dict[str, Any]:
-        out = copy.deepcopy(doc)
-        out.get("spec", {}).pop("router", None)
-        return out
-
-    return rest(a) == rest(b)
+    return engines_see(a) == engines_see(b)
 
 
 def served_model_name(document: dict[str, Any]) -> str | None:

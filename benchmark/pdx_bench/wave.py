@@ -45,6 +45,7 @@ from .sweep import (
     LocalTarget,
     SweepConfig,
     TopologyFactory,
+    engines_see,
     run_sweep,
     with_changes,
 )
@@ -87,6 +88,10 @@ class Costs:
     request_s: float  # per request beyond compute: HTTP, the router, the engines' scrapes
     correct_s: float
     warmup_s: float
+
+    def start_s(self, earlier: int) -> float:
+        """An engine start's estimate, after `earlier` starts in the same run."""
+        return self.engine_start_s if earlier == 0 else self.engine_restart_s
 
 
 GPU_COSTS = Costs(
@@ -164,10 +169,10 @@ def _reuses(leg: Leg) -> bool:
     return dict(leg.changes).get("kvTransfer.bidirectional", True) is not False
 
 
-def _engines(leg: Leg) -> tuple[tuple[str, str], ...]:
-    """What of the leg the engines see (every change but the router's): legs alike run on the same
-    engines, and a leg unlike the one before starts them (the local target compares the same way)."""
-    return tuple(sorted((path, repr(value)) for path, value in leg.changes if not path.startswith("router.")))
+def _engines(leg: Leg) -> str:
+    """What of the leg the engines see (`sweep.engines_see`, as the local target compares legs): legs
+    alike run on the same engines, and a leg unlike the one before starts them."""
+    return json.dumps(engines_see(with_changes({}, leg.changes)), sort_keys=True)
 
 
 def _mean_new_tokens(spec: WorkloadSpec) -> float:
@@ -213,7 +218,7 @@ class Plan:
         kinds = list(dict.fromkeys([running_first, *(_engines(leg) for _, leg in rest)]))
         order += [s for kind in kinds for s in rest if _engines(s[1]) == kind]
         out: list[Step] = []
-        running: tuple[tuple[str, str], ...] | None = None
+        running: str | None = None
         for name, leg in order:
             engines = _engines(leg)
             out.append(Step(name, leg, engines != running, self.part(name).estimate_s(leg, self.costs)))
@@ -226,12 +231,7 @@ class Plan:
     def estimate_s(self) -> float:
         """Every step, every engine start of the benchmark's topology, and correct's reserve."""
         legs = sum(s.estimate_s for s in self.steps())
-        starts = self.starts()
-        return (
-            legs
-            + (self.costs.engine_start_s + (starts - 1) * self.costs.engine_restart_s if starts else 0.0)
-            + self.reserve_s
-        )
+        return legs + sum(self.costs.start_s(k) for k in range(self.starts())) + self.reserve_s
 
     @property
     def reserve_s(self) -> float:
@@ -399,8 +399,8 @@ def run(
     try:
         for i, step in enumerate(steps):
             part = wave.part(step.part)
-            start_s = wave.costs.engine_restart_s if any(s.start for s in steps[:i]) else wave.costs.engine_start_s
-            need = step.estimate_s + (start_s if step.start else 0.0)
+            start_s = wave.costs.start_s(sum(s.start for s in steps[:i])) if step.start else 0.0
+            need = step.estimate_s + start_s
             entry: dict[str, Any] = {"part": step.part, "leg": step.leg.name, "estimate_s": round(need, 1)}
             progress.steps.append(entry)
             if clock() + need > deadline:
