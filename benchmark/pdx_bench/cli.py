@@ -14,7 +14,7 @@ import yaml
 
 from pdx.resource import manifest_documents
 
-from . import agentic, decodelocal, firstturn, prefixcache, tails
+from . import agentic, decodelocal, firstturn, pool, prefixcache, tails
 from .background import BackgroundSpec, write_streams
 from .breakdown import (
     BREAKDOWN_HEADERS,
@@ -231,7 +231,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--image", help="--in-cluster: image with pdx installed")
     p.add_argument("--results-claim", help="--in-cluster: PersistentVolumeClaim to keep results in")
     p.set_defaults(run=main)
-    reports = p.add_subparsers(title="reports on a finished run", metavar="{report-decode-local,report-prefix-cache}")
+    reports = p.add_subparsers(
+        title="reports on a finished run", metavar="{report-decode-local,report-prefix-cache,wave,wave-report,pool}"
+    )
     r = reports.add_parser(
         "report-decode-local",
         help="decode-local against D->P per history length and suffix, and the default threshold they support",
@@ -284,6 +286,19 @@ def add_parser(sub: Any) -> None:
     r = reports.add_parser("wave-report", help="OUT/report.md over a wave's parts, the sweep beside the seed's p5en")
     r.add_argument("out", type=Path, metavar="OUT")
     r.set_defaults(run=wave_report)
+    r = reports.add_parser(
+        "pool",
+        help="repeated runs' turns pooled per point and leg, each leg's percentiles over the base leg's",
+        description=pool.__doc__,
+    )
+    r.add_argument("run_dirs", type=Path, nargs="+", metavar="DIR", help="runs' --out (or a wave part's folder)")
+    r.add_argument("--base", default="off", help="the leg the others are compared with (default off)")
+    r.add_argument(
+        "--same", action="append", default=[], metavar="LEG=AS", help="count LEG's turns as AS's (e.g. on-b=on)"
+    )
+    r.add_argument("--first", action="store_true", help="first turns instead of follow-ups")
+    r.add_argument("--json", type=Path, help="also write the pooled figures here")
+    r.set_defaults(run=pool_report)
 
 
 def report_prefix_cache(args: argparse.Namespace) -> int:
@@ -340,6 +355,29 @@ def run_wave(args: argparse.Namespace) -> int:
     state = args.state_dir or cache_root() / "local" / name
     counter = _counter_for(argparse.Namespace(tokenizer=None))
     return wave.run(plan, doc, args.out, counter, state_dir=args.state_dir, log_dirs=lambda: iter([state / "logs"]))
+
+
+def pool_report(args: argparse.Namespace) -> int:
+    """`pdx bench pool DIR...`: the pooled table on stdout (pdx_bench.pool)."""
+    try:
+        same = pool.parse_same(args.same)
+        runs = [pool.read_run(d, same, args.first) for d in args.run_dirs]
+    except (ValueError, OSError) as err:
+        print(f"pdx bench pool: {err}", file=sys.stderr)
+        return 2
+    pooled = pool.pool(runs)
+    if not pooled:
+        turns = "first turns" if args.first else "follow-up turns"
+        print(f"pdx bench pool: no answered {turns} in {len(runs)} runs", file=sys.stderr)
+        return 2
+    if not any(p.leg == args.base for p in pooled):
+        legs = sorted({p.leg for p in pooled})
+        print(f"pdx bench pool: no leg {args.base!r} (--base); legs: {legs}", file=sys.stderr)
+        return 2
+    print(pool.markdown_table(pooled, args.base))
+    if args.json is not None:
+        args.json.write_text(json.dumps(pool.to_json(pooled, args.base), indent=2) + "\n")
+    return 0
 
 
 def wave_report(args: argparse.Namespace) -> int:
