@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from . import wavetargets
 from .records import RequestRecord, read_records
 from .report import INTERVAL, cell, markdown, percentile, ratio_interval
 
@@ -198,6 +199,7 @@ def write(out: Path) -> Path:
     lines = ["# pdx wave: every GPU figure in one run", "", "## Machine", "", "```", gpu, "```", ""]
     if (out / "plan.txt").is_file():
         lines += ["```", (out / "plan.txt").read_text().strip(), "```", ""]
+    at = len(lines)  # the targets go here, once the sweep's table is known
     steps = status.get("steps", [])
     if steps:
         body = [
@@ -216,6 +218,18 @@ def write(out: Path) -> Path:
         lines += ["## The seed's sweep, beside the seed's p5en figures", "", text, ""]
         if (out / "sweep" / "ttft_vs_prompt_length.png").is_file():
             lines += ["![TTFT vs prompt length](sweep/ttft_vs_prompt_length.png)", ""]
+    targets = wavetargets.verdicts(out, data.get("sweep"))
+    lines[at:at] = [
+        "## Targets",
+        "",
+        wavetargets.markdown_table(targets),
+        "",
+        "Judged from the parts' files (`pdx_bench.wavetargets`); `-`: the part did not run or lacks the "
+        "figure. The run's own time (machine start, staging and install included, at most 25 minutes) is "
+        "outside what the wave sees: `session.log` of `scripts/gpu-wave.sh` has it.",
+        "",
+    ]
+    data["targets"] = wavetargets.to_json(targets)
     for name, heading in SECTIONS:
         summary = _summary(out / name)
         if summary is None:

@@ -165,6 +165,12 @@ def test_the_whole_wave_on_fakes_four_engine_starts_each_part_packed_and_reporte
     suffix2k = report.split("## 2k-token suffixes")[1].split("##")[0]
     assert "| D->P p50 | D->P/bound | dp-vllm-order p50 | dp-vllm-order/bound |" in suffix2k, suffix2k
     assert not re.search(r"\| - \| - \|\n", suffix2k), suffix2k
+    # every target judged from the parts' files; the fakes ran no correctness check, so that one is not judged
+    targets = {t["target"]: t for t in json.loads((out / "report.json").read_text())["targets"]}
+    assert len(targets) == 8 and "## Targets" in report.split("## What ran")[0]
+    assert targets["gpu-correct.sh with the defaults"]["met"] is None
+    judged = [t for t in targets.values() if t["met"] is not None]
+    assert len(judged) >= 5, targets
     rows = json.loads((out / "report.json").read_text())["sweep"]["rows"]
     mine = next(r for r in rows if r["length"] == 256)
     assert mine["off_mean"] > 0 and mine["on_p50"] > 0 and mine["bound_p50"] > 0 and mine["first_on_over_off"] > 0

@@ -1,0 +1,160 @@
+"""The wave's targets (issues 41 and 43), each judged from the parts a wave wrote.
+
+Every closing note of a wave had restated these by hand from the parts' reports; here each is
+one function of the files, so `report.md` and `report.json` say which held. A target whose part
+did not run (or lacks the figure) is `None`: not judged, never passed. Pure but for reading.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .report import cell, markdown
+
+BOUND = 1.25  # ON (and the D->P path) over the bound, 2k-token suffixes
+FIRST_TURN = 1.03  # ON's first turn over OFF's, p50
+GROWTH = 1.5  # ON p50 from 8k to 24k
+TPOT_RISE = 0.10  # decode-local streams' TPOT p90
+
+
+@dataclass(frozen=True)
+class Verdict:
+    target: str
+    issue: int
+    figure: str
+    met: bool | None  # None: not judged (the part did not run, or lacks the figure)
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def _points(summary: Mapping[str, Any] | None, leg: str) -> dict[int, Mapping[str, Any]]:
+    if summary is None:
+        return {}
+    return {int(p["prefix_tokens"]): p for p in summary.get("points", []) if p.get("leg") == leg}
+
+
+def _x(v: float | None) -> str:
+    return cell(v, "{:.2f}x")
+
+
+def sweep_longest_p99(sweep: Mapping[str, Any] | None) -> Verdict:
+    name = "the sweep's longest point: ON p99 <= OFF p99"
+    on, off = _points(sweep, "on"), _points(sweep, "off")
+    both = sorted(set(on) & set(off))
+    if not both or on[both[-1]].get("ttft_p99") is None or off[both[-1]].get("ttft_p99") is None:
+        return Verdict(name, 41, "-", None)
+    n = both[-1]
+    a, b = float(on[n]["ttft_p99"]), float(off[n]["ttft_p99"])
+    return Verdict(name, 41, f"{n}: ON {a:.0f} ms, OFF {b:.0f}", a <= b)
+
+
+def overcommit(summary: Mapping[str, Any] | None) -> Verdict:
+    name = "overcommit point: ON p99 <= OFF p99, no request waited on held KV"
+    on, off = list(_points(summary, "on").values()), list(_points(summary, "off").values())
+    if not on or not off or on[0].get("ttft_p99") is None or off[0].get("ttft_p99") is None:
+        return Verdict(name, 41, "-", None)
+    p, q = on[0], off[0]
+    ratio = float(p["ttft_p99"]) / float(q["ttft_p99"])
+    band = p.get("ttft_p99_over_off") or {}
+    interval = f" ({band['low']:.2f}-{band['high']:.2f})" if "low" in band else ""
+    waited = p.get("waited_on_held")
+    figure = f"p99 {float(p['ttft_p99']):.0f} / {float(q['ttft_p99']):.0f} ms: {ratio:.2f}x{interval}"
+    figure += f"; waited {cell(waited)}"
+    met = (ratio <= 1.0 and waited == 0) if waited is not None else None
+    return Verdict(name, 41, figure, met)
+
+
+def _over_bound(summary: Mapping[str, Any] | None, leg: str) -> list[tuple[int, float]]:
+    bound, ons = _points(summary, "bound"), _points(summary, leg)
+    out = []
+    for n in sorted(set(bound) & set(ons)):
+        b, a = bound[n].get("ttft_p50"), ons[n].get("ttft_p50")
+        if a is not None and b:
+            out.append((n, float(a) / float(b)))
+    return out
+
+
+def over_bound(summary: Mapping[str, Any] | None, leg: str, name: str) -> Verdict:
+    ratios = _over_bound(summary, leg)
+    if not ratios:
+        return Verdict(name, 43, "-", None)
+    figure = ", ".join(f"{_x(r)} at {n // 1000}k" for n, r in ratios)
+    return Verdict(name, 43, figure, all(r <= BOUND for _, r in ratios))
+
+
+def first_turns(rows: Sequence[Mapping[str, Any]]) -> Verdict:
+    name = f"ON's first turn <= {FIRST_TURN}x OFF's (p50)"
+    have = [(int(r["length"]), r["first_on_over_off"]) for r in rows if r.get("first_on_over_off") is not None]
+    if not have:
+        return Verdict(name, 43, "-", None)
+    figure = ", ".join(f"{v:.3f}x at {n // 1000}k" for n, v in have)
+    return Verdict(name, 43, figure, all(v <= FIRST_TURN for _, v in have))
+
+
+def growth(value: float | None) -> Verdict:
+    name = f"ON p50 growth from 8k to 24k <= {GROWTH}x"
+    return Verdict(name, 43, _x(value), None if value is None else value <= GROWTH)
+
+
+def tpot(decode_local: Mapping[str, Any] | None) -> Verdict:
+    """The streams' TPOT p90 rise where the local leg's turns did go local."""
+    name = f"decode-local: the streams' TPOT p90 up by at most {TPOT_RISE:.0%}"
+    served = [
+        p
+        for p in (decode_local or {}).get("points", [])
+        if (p.get("local") or {}).get("outcomes", {}).get("local") and p.get("tpot_rise") is not None
+    ]
+    if not served:
+        return Verdict(name, 43, "-", None)
+    figure = ", ".join(f"{p['tpot_rise']:+.0%} at {p['suffix_tokens']} new tokens" for p in served)
+    return Verdict(name, 43, figure, all(p["tpot_rise"] <= TPOT_RISE for p in served))
+
+
+def correct(summary: Mapping[str, Any] | None) -> Verdict:
+    name = "gpu-correct.sh with the defaults"
+    if summary is None or "passed" not in summary:
+        return Verdict(name, 43, "-", None)
+    failed = [c["name"] for c in summary.get("checks", []) if not c.get("passed")]
+    return Verdict(name, 43, "PASS" if summary["passed"] else "FAIL: " + ", ".join(failed), bool(summary["passed"]))
+
+
+def verdicts(out: Path, sweep_data: Mapping[str, Any] | None) -> list[Verdict]:
+    """Every target of the wave, in the issues' order; `sweep_data` is wavereport's sweep table."""
+
+    def part(name: str) -> dict[str, Any] | None:
+        return _json(out / name / "summary.json")
+
+    suffix = part("suffix2k")
+    rows = (sweep_data or {}).get("rows", [])
+    return [
+        sweep_longest_p99(part("sweep")),
+        overcommit(part("overcommit")),
+        over_bound(suffix, "on", f"2k-token suffixes: ON/bound <= {BOUND}x"),
+        over_bound(suffix, "dp", f"2k-token suffixes, the D->P path itself: D->P/bound <= {BOUND}x"),
+        first_turns(rows),
+        growth((sweep_data or {}).get("on_growth_8k_24k")),
+        tpot(_json(out / "tpot" / "decode-local.json")),
+        correct(_json(out / "correct" / "summary.json")),
+    ]
+
+
+def _met(v: bool | None) -> str:
+    return "-" if v is None else ("yes" if v else "**no**")
+
+
+def markdown_table(items: Sequence[Verdict]) -> str:
+    body = [(v.target, str(v.issue), v.figure, _met(v.met)) for v in items]
+    return markdown(("target", "issue", "this run", "met"), body)
+
+
+def to_json(items: Sequence[Verdict]) -> list[dict[str, Any]]:
+    return [asdict(v) for v in items]
