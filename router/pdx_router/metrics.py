@@ -195,7 +195,8 @@ class Metrics:
             "pdx_router_decode_local_skipped",
             "Turns that could read decode's KV but went through prefill instead of decode-local, by"
             " why: unknown (new tokens cannot be told), long (above decodeLocalMaxTokens), busy"
-            " (decodeLocalMaxBusy requests in flight), holder (its decode serves no new turns).",
+            " (decodeLocalMaxBusy requests in flight), holder (its decode serves no new turns), released"
+            " (its decode said it released the hold under pressure).",
             ["why"],
             registry=r,
         )

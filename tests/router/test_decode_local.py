@@ -205,3 +205,23 @@ async def test_a_local_turn_whose_decode_is_gone_runs_plainly_on_another(
     await s.runners[1 + holder].cleanup()  # the decode that holds the conversation goes away
     outcome, _, _ = await turn(http, s, [*msgs, user("next")])
     assert outcome == "expired" and not s.cluster.reads
+
+
+async def test_a_hold_its_decode_said_it_released_goes_through_prefill_not_local(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    opts = {"checks_prefix": True, "valve": True}
+    s = await make_stack(prefill_opts=opts, decode_opts=opts, **LOCAL_ON)
+    _, _, a = await turn(http, s, [user("a " + LONG)], "a")
+    _, _, b = await turn(http, s, [user("b " + LONG)], "b")
+    rid_a = next(rid for (_, rid) in s.cluster.held)
+    assert s.decodes[0].release(rid_a)  # pressure on decode: a's blocks went to other work
+    second_b, _, _ = await turn(http, s, [*b, user("and then?")], "b")  # its answer names a's release
+    assert second_b == "local"
+    second_a, _, _ = await turn(http, s, [*a, user("and then?")], "a")
+    # decode no longer holds a's history: prefill computes it and decode reads it, instead of
+    # decode computing the whole history in its own batch
+    assert second_a == "released"
+    assert [lp.cached > 0 for lp in s.cluster.locals] == [True]  # b's local turn only
+    assert prefill_turns(s) == 3
+    assert 'pdx_router_decode_local_skipped_total{why="released"} 1.0' in await metrics(http, s)

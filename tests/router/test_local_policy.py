@@ -19,10 +19,26 @@ from .helpers import assistant, ep, user
 HOLDER = "http://d0"
 PLAN = TurnPlan(Outcome.HIT, reused_tokens=4000, kv={}, affinity=HOLDER, checked_by_engines=True)
 RULE = Rule(max_tokens=512, max_busy=2)
+# A plan that names decode's hold, as a stored turn's parameters do.
+HELD = TurnPlan(
+    Outcome.HIT,
+    reused_tokens=4000,
+    kv={"do_remote_decode": True, "remote_request_id": "cmpl-d0-7"},
+    affinity=HOLDER,
+    checked_by_engines=True,
+)
+
+
+def released_by(url: str, hold: str) -> Any:
+    """A decode that said, in an earlier answer, that it released `hold` under pressure."""
+    decode = ep("decode", url)
+    decode.note_releases([hold], seq=1)
+    return decode
 
 
 def test_a_short_suffix_on_an_idle_holder_goes_local() -> None:
     assert local.decide(PLAN, 300, ep("decode", HOLDER), RULE) is Why.LOCAL
+    assert local.decide(HELD, 300, released_by(HOLDER, "cmpl-d0-other"), RULE) is Why.LOCAL  # another hold's release
 
 
 @pytest.mark.parametrize(
@@ -36,8 +52,9 @@ def test_a_short_suffix_on_an_idle_holder_goes_local() -> None:
         (PLAN, None, ep("decode", HOLDER), RULE, Why.UNKNOWN),
         (PLAN, 513, ep("decode", HOLDER), RULE, Why.LONG),
         (PLAN, 300, ep("decode", HOLDER, load=2), RULE, Why.BUSY),
+        (HELD, 300, released_by(HOLDER, "cmpl-d0-7"), RULE, Why.RELEASED),
     ],
-    ids=["off", "miss", "mismatch", "other-decode", "no-decode", "unknown", "long", "busy"],
+    ids=["off", "miss", "mismatch", "other-decode", "no-decode", "unknown", "long", "busy", "released"],
 )
 def test_a_turn_goes_through_prefill_when(
     plan: TurnPlan, suffix: int | None, holder: Any, rule: Rule, why: Why

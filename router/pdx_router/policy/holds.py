@@ -85,9 +85,9 @@ def would_claim(kv: dict[str, Any] | None, decode: Endpoint | None) -> bool:
     return hold is not None and decode is not None and not known_released(decode, hold)
 
 
-def known_released(decode: Endpoint, hold: str) -> bool:
+def known_released(decode: Endpoint, hold: str | None) -> bool:
     """Decode already said it released `hold` (an earlier answer's `released`): no claim needed."""
-    return hold in decode.released
+    return hold is not None and hold in decode.released
 
 
 def read_answer(hold: str, status: int, body: Any) -> Claim:

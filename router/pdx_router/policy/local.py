@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from .. import ids
 from ..endpoints import Endpoint
-from . import Outcome
+from . import Outcome, holds
 from .history import History, canonical
 from .reuse import TurnPlan
 
@@ -45,9 +45,10 @@ class Why(StrEnum):
     LONG = "long"  # more new tokens than decodeLocalMaxTokens (than decodeLocalIdleMaxTokens on an idle decode)
     BUSY = "busy"  # the decode has decodeLocalMaxBusy requests in flight, or more
     HOLDER = "holder"  # the decode that holds it serves no new turns (draining, unhealthy, other generation)
+    RELEASED = "released"  # that decode said it released the hold: its cache may have given the history away
 
 
-SKIPPED: Final = (Why.UNKNOWN, Why.LONG, Why.BUSY, Why.HOLDER)
+SKIPPED: Final = (Why.UNKNOWN, Why.LONG, Why.BUSY, Why.HOLDER, Why.RELEASED)
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,11 @@ def decide(plan: TurnPlan, suffix_tokens: int | None, holder: Endpoint | None, r
         return Why.NOT_HELD
     if holder is None or holder.url != plan.affinity:
         return Why.HOLDER
+    if holds.known_released(holder, holds.hold_id(plan.kv)):
+        # Released under pressure: its blocks went back to the pool for the work that needed
+        # them, so decode would compute the whole history again, in its batch; through prefill
+        # the turn is `released` (prefill computes, decode reads), as it is after a claim.
+        return Why.RELEASED
     if suffix_tokens is None:
         return Why.UNKNOWN
     if suffix_tokens > rule.max_tokens:
