@@ -297,13 +297,15 @@ class Router:
                     holder.healthy = False
                 log.info("local turn failed on %s (%s); through prefill instead", holder.url, exc.status)
                 attempt = fallback.attempt
-        # A turn that would claim a hold waits for its prefill first (claim_gate.py): unclaimed.
-        claims = attempt.reuse and holds.would_claim(
-            attempt.kv, holds.holder(self.pool.endpoints, attempt.plan.affinity)
-        )
+        # A turn that would claim a hold waits for its prefill first (claim_gate.py): unclaimed,
+        # and asked again as the queue moves (decode may release the hold meanwhile).
+        keeper, kv = holds.holder(self.pool.endpoints, attempt.plan.affinity), attempt.kv
+        claims = attempt.reuse and holds.would_claim(kv, keeper)
         tokens = holds.prefill_tokens(size, attempt.reused_tokens)
         waited = time.perf_counter()
-        slot = await self.claim_gate.enter(prefill.url, tokens, claims)
+        slot = await self.claim_gate.enter(
+            prefill.url, tokens, (lambda: holds.would_claim(kv, keeper)) if claims else False
+        )
         if claims:
             self.metrics.claim_wait.observe(time.perf_counter() - waited)
         try:

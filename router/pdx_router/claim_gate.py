@@ -9,7 +9,11 @@ has yet to compute for this router's requests in flight are at most the budget
 (`policy.holds.may_claim`; each request's tokens estimated by `policy.holds.prefill_tokens`).
 In tokens, not requests: a queue of short prefills is short in time, and holds no claim for long.
 A turn that claims nothing passes at once, unless turns wait: then it queues behind them, so
-that fresh prefills cannot starve a waiting one. The count is this router's own: replicas each
+that fresh prefills cannot starve a waiting one. Whether a waiting turn still claims is asked
+again each time the queue moves: a hold that decode released meanwhile (its note reached the
+router) pins nothing any more, so its turn goes at its place in the queue instead of holding the
+queue until prefill drains (on the H200's overcommit point, three such turns waited 2.0-2.7 s
+at the gate and then found their holds gone). The count is this router's own: replicas each
 keep theirs.
 """
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 
 from .policy import holds
 
@@ -39,13 +44,20 @@ class Slot:
             self._gate.leave(self._url, self._tokens)
 
 
+Claims = bool | Callable[[], bool]  # whether the turn claims a hold, or how to ask it again
+
+
+def _claims(claims: Claims) -> bool:
+    return claims() if callable(claims) else claims
+
+
 class ClaimGate:
     """Prompt tokens in flight and turns waiting, per prefill URL."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self._in_flight: dict[str, int] = {}
-        self._waiting: dict[str, deque[tuple[asyncio.Future[None], int, bool]]] = {}
+        self._waiting: dict[str, deque[tuple[asyncio.Future[None], int, Claims]]] = {}
 
     def waiting(self) -> int:
         return sum(len(q) for q in self._waiting.values())
@@ -53,11 +65,11 @@ class ClaimGate:
     def in_flight(self, url: str) -> int:
         return self._in_flight.get(url, 0)
 
-    async def enter(self, url: str, tokens: int, claims: bool) -> Slot:
+    async def enter(self, url: str, tokens: int, claims: Claims) -> Slot:
         """Until the turn may go to this prefill (`tokens`: what prefill will compute of it;
-        `claims`: it claims a hold first)."""
+        `claims`: it claims a hold first, or a function that says whether it still does)."""
         queue = self._waiting.get(url)
-        if not queue and (not claims or holds.may_claim(self._in_flight.get(url, 0), self.budget)):
+        if not queue and (not _claims(claims) or holds.may_claim(self._in_flight.get(url, 0), self.budget)):
             self._in_flight[url] = self._in_flight.get(url, 0) + tokens
             return Slot(self, url, tokens)
         if queue is None:
@@ -84,7 +96,7 @@ class ClaimGate:
         queue = self._waiting.get(url)
         while queue:
             admitted, tokens, claims = queue[0]
-            if claims and not holds.may_claim(self._in_flight.get(url, 0), self.budget):
+            if _claims(claims) and not holds.may_claim(self._in_flight.get(url, 0), self.budget):
                 return
             queue.popleft()
             self._in_flight[url] = self._in_flight.get(url, 0) + tokens

@@ -38,6 +38,41 @@ async def test_a_claiming_turn_waits_while_its_prefill_has_more_than_the_budget_
     assert gate.in_flight(P) == 0
 
 
+async def test_a_waiting_turn_whose_hold_was_released_meanwhile_goes_when_the_queue_next_moves() -> None:
+    gate = ClaimGate(budget=100)
+    busy = [await gate.enter(P, 500, claims=False) for _ in range(3)]
+    still = {"claims": True}
+    released = asyncio.create_task(gate.enter(P, 10, claims=lambda: still["claims"]))
+    behind = asyncio.create_task(gate.enter(P, 10, claims=False))
+    await settled()
+    assert not released.done() and not behind.done() and gate.waiting() == 2
+    still["claims"] = False  # decode's note: the hold is gone, there is nothing to pin
+    busy[0].leave()  # 1,000 still in flight: over the budget, yet the queue moves
+    await settled()
+    assert released.done() and behind.done() and gate.waiting() == 0
+    assert gate.in_flight(P) == 1020
+
+
+async def test_a_waiting_turn_that_still_claims_is_asked_again_and_keeps_waiting() -> None:
+    gate = ClaimGate(budget=100)
+    busy = [await gate.enter(P, 500, claims=False) for _ in range(2)]
+    asked: list[bool] = []
+
+    def claims() -> bool:
+        asked.append(True)
+        return True
+
+    waiting = asyncio.create_task(gate.enter(P, 10, claims=claims))
+    await settled()
+    busy[0].leave()
+    await settled()
+    assert not waiting.done() and len(asked) == 2  # on entry, and when the queue moved
+    busy[1].leave()
+    await settled()
+    assert waiting.done()
+    waiting.result().leave()
+
+
 async def test_many_short_prefills_in_flight_hold_no_claim_back() -> None:
     gate = ClaimGate(budget=1000)
     short = [await gate.enter(P, 60, claims=False) for _ in range(16)]
