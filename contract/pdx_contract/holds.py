@@ -85,6 +85,9 @@ class HoldsAnswer(Document):
     """Holds released early (under pressure, or superseded: a younger hold of the same tokens
     covers them) after the request's ``since`` (the last MAX_IDS at most; all that
     are kept when ``since`` is ahead of ``seq``: the engine restarted)."""
+    covered: list[HoldId] = Field(default_factory=list)
+    """Of `released`, those superseded: a younger hold covers their blocks, so decode still has
+    them (its prefix cache serves that history). The others' blocks went back to the pool."""
     seq: int = Field(default=0, ge=0)
     """Early releases of either kind since the engine started: the caller's next ``since``."""
     claim_expiry: float | None = None
@@ -112,9 +115,18 @@ class ReleasedNote(Document):
     seq: int = Field(ge=0)
     """The last release's number (`HoldsAnswer.seq`)."""
     released: list[HoldId] = Field(default_factory=list, max_length=NOTE_IDS)
+    covered: list[HoldId] = Field(default_factory=list, max_length=NOTE_IDS)
+    """Of `released`, those a younger hold covers (`HoldsAnswer.covered`)."""
 
     @classmethod
-    def latest(cls, seq: int, released_after: Callable[[int], list[HoldId]]) -> ReleasedNote:
-        """The note of the last NOTE_IDS releases up to `seq`, `released_after(n)` naming those after n."""
+    def latest(
+        cls,
+        seq: int,
+        released_after: Callable[[int], list[HoldId]],
+        covered: Callable[[list[HoldId]], list[HoldId]] | None = None,
+    ) -> ReleasedNote:
+        """The note of the last NOTE_IDS releases up to `seq`, `released_after(n)` naming those after n
+        and `covered(ids)` those of them a younger hold covers."""
         since = max(0, seq - NOTE_IDS)
-        return cls(since=since, seq=seq, released=released_after(since))
+        released = released_after(since)
+        return cls(since=since, seq=seq, released=released, covered=covered(released) if covered else [])

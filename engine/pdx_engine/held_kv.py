@@ -139,6 +139,7 @@ class Holds:
         self.superseded = 0  # released because a younger hold covers them (`supersede`)
         self.seq = 0  # early releases of either kind: the number of the last (`released_after`)
         self._release_log: deque[tuple[int, str]] = deque(maxlen=contract.MAX_IDS)
+        self._covered: set[str] = set()  # of the logged releases, those a younger hold covers
         self._waited: OrderedDict[str, None] = OrderedDict()  # the last WAITED_KEPT ids counted below
         self.waited = 0  # requests refused blocks at least once while decode kept held KV
         self.lapsed = 0  # released under pressure with a claim whose lease had run out
@@ -255,9 +256,9 @@ class Holds:
         """The tokens still held of each of ``ids`` that was shortened."""
         return {hold: self._kept[hold] for hold in ids if hold in self._kept}
 
-    def released(self, hold: str, pressure: bool = True) -> None:
+    def released(self, hold: str, pressure: bool = True, covered: bool = False) -> None:
         """``hold`` was freed early (under pressure, superseded, or asked): forget it, and expect the
-        worker to report it once more."""
+        worker to report it once more. ``covered``: a younger hold keeps its blocks (`supersede`)."""
         if self._held.get(hold, 0) > 0:
             self.lapsed += 1  # only a claim past its lease lets a claimed hold go
         self._forget(hold)
@@ -267,7 +268,15 @@ class Holds:
         else:
             self.superseded += 1
         self.seq += 1
+        if len(self._release_log) == self._release_log.maxlen:
+            self._covered.discard(self._release_log[0][1])
         self._release_log.append((self.seq, hold))
+        if covered:
+            self._covered.add(hold)
+
+    def covered(self, ids: list[str]) -> list[str]:
+        """Of ``ids`` (released early), those a younger hold covers: their blocks are still held."""
+        return [hold for hold in ids if hold in self._covered]
 
     def released_after(self, since: int) -> list[str]:
         """Holds released early after release number ``since`` (the last MAX_IDS); every kept one
@@ -309,8 +318,10 @@ def held_blocks(scheduler: Any, holds: Holds) -> int:
     return len(seen)
 
 
-def release(scheduler: Any, holds: Holds, hold: str, pressure: bool = True) -> bool:
-    """Free ``hold``'s blocks now and have the worker drop its send deadline; False if unknown."""
+def release(scheduler: Any, holds: Holds, hold: str, pressure: bool = True, covered: bool = False) -> bool:
+    """Free ``hold``'s blocks now and have the worker drop its send deadline; False if unknown.
+    ``covered``: a younger hold keeps the same blocks (`supersede`), so only this hold's claim on
+    them goes."""
     request = scheduler.requests.get(hold)
     if request is None or not request.is_finished():
         holds.gone(hold)
@@ -320,7 +331,7 @@ def release(scheduler: Any, holds: Holds, hold: str, pressure: bool = True) -> b
     pending = getattr(sender, "_reqs_need_send", None)
     if isinstance(pending, dict):
         pending[hold] = float("-inf")  # the worker reaps it at its next step, then reports it sent
-    holds.released(hold, pressure)
+    holds.released(hold, pressure, covered)
     logger.debug("pdx plugin: released held KV of %s (%s)", hold, "under pressure" if pressure else "superseded")
     return True
 
@@ -403,7 +414,7 @@ def supersede(scheduler: Any, holds: Holds, hold: str) -> None:
     for other in holds.unclaimed():
         if other != hold and _covers(scheduler, hold, other):
             holds.came_back(other)
-            release(scheduler, holds, other, pressure=False)
+            release(scheduler, holds, other, pressure=False, covered=True)
 
 
 def _shortfall(scheduler: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
@@ -518,7 +529,8 @@ def note_releases(params: Any, holds: Holds) -> None:
     `_free_request` returns the params (vLLM 0.26) or them and the encoder's (0.32)."""
     if not isinstance(params, dict) or holds.seq == 0:
         return
-    params[contract.RELEASED_KV] = contract.ReleasedNote.latest(holds.seq, holds.released_after).to_json()
+    note = contract.ReleasedNote.latest(holds.seq, holds.released_after, holds.covered)
+    params[contract.RELEASED_KV] = note.to_json()
 
 
 def _local_turn(params: Any) -> bool:
@@ -578,6 +590,7 @@ def answer(scheduler: Any, request: contract.HoldsRequest) -> contract.HoldsAnsw
     if request.release_unclaimed:
         for hold in holds.unclaimed():
             release(scheduler, holds, hold, pressure=False)
+    released = holds.released_after(request.since)
     return contract.HoldsAnswer(
         held=held,
         claim_expiry=time.perf_counter() + holds.lease if held and request.lease else None,
@@ -588,7 +601,8 @@ def answer(scheduler: Any, request: contract.HoldsRequest) -> contract.HoldsAnsw
         capacity_blocks=int(scheduler.kv_cache_manager.block_pool.num_gpu_blocks),
         releases=holds.releases,
         trims=holds.trims,
-        released=holds.released_after(request.since),
+        released=released,
+        covered=holds.covered(released),
         seq=holds.seq,
         waited=holds.waited,
         valve=holds.valve,

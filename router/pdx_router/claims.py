@@ -48,7 +48,7 @@ async def holds_call(
         return 200, None
     answer = holds.parse(status, body)
     if answer is not None:
-        decode.note_releases(answer.released, answer.seq)
+        decode.note_releases(answer.released, answer.seq, covered=answer.covered)
         decode.held_kv = answer
     return status, answer
 

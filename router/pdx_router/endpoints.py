@@ -28,18 +28,23 @@ class Endpoint:
     names_held: bool = False  # a decode whose last answer named the tokens it holds (kv_prefix)
     claims: bool | None = None  # answers claims on its held KV (policy.holds); False: no route, never asked again
     released_seq: int = 0  # the last release count its holds answers gave (the next claim's `since`)
-    released: dict[str, None] = field(default_factory=dict)  # holds it released early, oldest first
+    # holds it released early, oldest first: True where a younger hold covers the blocks (superseded)
+    released: dict[str, bool] = field(default_factory=dict)
     held_kv: HoldsAnswer | None = None  # a decode's answer to the last health check's holds poll
     # requests on it that are not this router's (other replicas'), from its /metrics at the last health check
     others_load: int | None = None
     load_seen: float = 0.0  # time.monotonic() when its load was last asked (policy.local.FRESH_S)
 
-    def note_releases(self, holds: list[str], seq: int, since: int | None = None) -> None:
+    def note_releases(
+        self, holds: list[str], seq: int, since: int | None = None, covered: list[str] | None = None
+    ) -> None:
         """Holds this decode says it released early (its answer to a claim, or a note in a turn's
-        answer naming those after `since`): their turns go plain at once, without a claim. The
-        next claim asks for those after `seq` only when nothing between is missing."""
+        answer naming those after `since`; `covered`: those a younger hold covers): their turns
+        go plain at once, without a claim. The next claim asks for those after `seq` only when
+        nothing between is missing."""
+        kept = set(covered or ())
         for hold in holds:
-            self.released[hold] = None
+            self.released[hold] = hold in kept
         while len(self.released) > KNOWN_RELEASES:
             del self.released[next(iter(self.released))]
         if since is None:

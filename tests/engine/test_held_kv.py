@@ -328,6 +328,7 @@ def test_a_claim_on_a_released_hold_is_refused_so_the_router_recomputes(patched:
     sched.kv_cache_manager.allocate_slots(FakeRequest("b", finished=False), 3)
     answer = held_kv.answer(sched, contract.HoldsRequest(claim=["a"]))
     assert answer.held == [] and answer.released == ["a"] and answer.seq == 1
+    assert answer.covered == []  # its blocks went to b: no younger hold of a's keeps them
     assert held_kv.answer(sched, contract.HoldsRequest(since=answer.seq)).released == []
 
 
@@ -458,6 +459,7 @@ def test_a_turn_that_holds_all_an_earlier_hold_holds_supersedes_it_without_count
     answer = held_kv.answer(sched, contract.HoldsRequest(claim=["turn-1", "turn-2"]))
     assert answer.held == ["turn-2"] and answer.released == ["turn-1"]
     assert (answer.releases, answer.seq) == (0, 1)  # the router learns of it; no pressure counted
+    assert answer.covered == ["turn-1"]  # and that turn-2 keeps its blocks: a retried turn may go local
 
 
 @pytest.mark.parametrize(
@@ -712,4 +714,4 @@ def test_a_held_turns_answer_names_the_latest_early_releases(shape: str) -> None
     sched.requests["fresh"] = fresh
     assert sched.kv_cache_manager.allocate_slots(fresh, 2) is not None  # releases b, the youngest
     note = contract.ReleasedNote.model_validate(finish("c")[contract.RELEASED_KV])  # c's room releases a
-    assert (note.since, note.seq, note.released) == (0, 2, ["b", "a"])
+    assert (note.since, note.seq, note.released, note.covered) == (0, 2, ["b", "a"], [])

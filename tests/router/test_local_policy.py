@@ -29,16 +29,20 @@ HELD = TurnPlan(
 )
 
 
-def released_by(url: str, hold: str) -> Any:
-    """A decode that said, in an earlier answer, that it released `hold` under pressure."""
+def released_by(url: str, hold: str, covered: bool = False) -> Any:
+    """A decode that said, in an earlier answer, that it released `hold` (`covered`: superseded,
+    a younger hold keeps its blocks)."""
     decode = ep("decode", url)
-    decode.note_releases([hold], seq=1)
+    decode.note_releases([hold], seq=1, covered=[hold] if covered else None)
     return decode
 
 
 def test_a_short_suffix_on_an_idle_holder_goes_local() -> None:
     assert local.decide(PLAN, 300, ep("decode", HOLDER), RULE) is Why.LOCAL
     assert local.decide(HELD, 300, released_by(HOLDER, "cmpl-d0-other"), RULE) is Why.LOCAL  # another hold's release
+    # superseded: the conversation's next turn holds the same blocks, so a retry of that turn
+    # still finds its history in decode's prefix cache
+    assert local.decide(HELD, 300, released_by(HOLDER, "cmpl-d0-7", covered=True), RULE) is Why.LOCAL
 
 
 @pytest.mark.parametrize(

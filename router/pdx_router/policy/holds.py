@@ -90,6 +90,12 @@ def known_released(decode: Endpoint, hold: str | None) -> bool:
     return hold is not None and hold in decode.released
 
 
+def blocks_given_up(decode: Endpoint, hold: str | None) -> bool:
+    """Decode said it released `hold` and no younger hold covers its blocks: they went back to the
+    pool, so its prefix cache may no longer have that history (a superseded hold's are still held)."""
+    return hold is not None and decode.released.get(hold) is False
+
+
 def read_answer(hold: str, status: int, body: Any) -> Claim:
     """Decode's answer (HTTP status, 0 for none, and JSON body) to a claim on `hold`."""
     return read(hold, status, parse(status, body))

@@ -45,7 +45,7 @@ class Why(StrEnum):
     LONG = "long"  # more new tokens than decodeLocalMaxTokens (than decodeLocalIdleMaxTokens on an idle decode)
     BUSY = "busy"  # the decode has decodeLocalMaxBusy requests in flight, or more
     HOLDER = "holder"  # the decode that holds it serves no new turns (draining, unhealthy, other generation)
-    RELEASED = "released"  # that decode said it released the hold: its cache may have given the history away
+    RELEASED = "released"  # that decode said it released the hold's blocks: its cache may have given them away
 
 
 SKIPPED: Final = (Why.UNKNOWN, Why.LONG, Why.BUSY, Why.HOLDER, Why.RELEASED)
@@ -143,10 +143,11 @@ def decide(plan: TurnPlan, suffix_tokens: int | None, holder: Endpoint | None, r
         return Why.NOT_HELD
     if holder is None or holder.url != plan.affinity:
         return Why.HOLDER
-    if holds.known_released(holder, holds.hold_id(plan.kv)):
+    if holds.blocks_given_up(holder, holds.hold_id(plan.kv)):
         # Released under pressure: its blocks went back to the pool for the work that needed
         # them, so decode would compute the whole history again, in its batch; through prefill
-        # the turn is `released` (prefill computes, decode reads), as it is after a claim.
+        # the turn is `released` (prefill computes, decode reads), as it is after a claim. A
+        # superseded hold (a younger one covers its blocks: a retried turn) still goes local.
         return Why.RELEASED
     if suffix_tokens is None:
         return Why.UNKNOWN
