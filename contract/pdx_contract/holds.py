@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from .base import Document
 
@@ -64,7 +64,15 @@ class HoldsRequest(Document):
     long. A caller that does not cap reads leaves this false: its claims pin until dropped."""
 
 
-class HoldsAnswer(Document):
+class _Answer(Document):
+    """What decode writes for routers: unknown fields are ignored, so a newer decode's extra
+    figures do not turn an older router's claims into failures during an upgrade (as
+    `pdx_contract.stats` is read by an older operator). What routers send stays strict."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class HoldsAnswer(_Answer):
     """Which claimed holds decode still has (each now claimed once more), and its KV figures."""
 
     held: list[HoldId] = Field(default_factory=list)
@@ -103,7 +111,7 @@ class HoldsAnswer(Document):
     the TTL, as without pdx, and claims always succeed while the TTL runs."""
 
 
-class ReleasedNote(Document):
+class ReleasedNote(_Answer):
     """Decode's latest early releases, in its answer to every turn it holds. A released
     conversation's next turn comes seconds later (the user's or the tool's time), and other
     conversations' answers come in between: by then the router knows, and the turn goes plain

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from pdx_contract import kv_prefix
+from pdx_contract.holds import RELEASED_KV
 from pdx_router.endpoints import KNOWN_RELEASES
 from pdx_router.policy import Outcome, holds, retry
 from pdx_router.policy.holds import Claim
@@ -38,6 +39,16 @@ def _answer(held: list[str], valve: bool = True) -> dict[str, object]:
 def test_decodes_answer_names_the_holds_it_pinned() -> None:
     assert holds.read_answer("cmpl-7", 200, _answer(["cmpl-1", "cmpl-7"])) is Claim.HELD
     assert holds.read_answer("cmpl-7", 200, _answer(["cmpl-1"])) is Claim.GONE
+
+
+def test_a_newer_decodes_extra_fields_do_not_turn_its_answers_into_failures() -> None:
+    newer = {**_answer(["cmpl-7"]), "covered": [], "someFigureOfLater": 3}
+    assert holds.read_answer("cmpl-7", 200, newer) is Claim.HELD
+    note = {"since": 0, "seq": 2, "released": ["cmpl-1", "cmpl-2"], "covered": ["cmpl-2"], "later": True}
+    kv = {**KV, RELEASED_KV: note}
+    got = holds.released_note(kv)
+    assert got is not None and (got.released, got.covered) == (["cmpl-1", "cmpl-2"], ["cmpl-2"])
+    assert RELEASED_KV not in kv  # taken out: it is for the router, not for the next prefill
 
 
 @pytest.mark.parametrize(
