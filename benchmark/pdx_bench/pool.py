@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from .records import RequestRecord, read_records
-from .report import cell, markdown, percentile, ratio_interval
+from .report import REUSED, cell, markdown, percentile, ratio_interval
 
-REUSED = ("hit", "local")  # outcomes that reused held KV
 QUANTILES = (50, 90, 99)
 
 

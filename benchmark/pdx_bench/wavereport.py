@@ -104,9 +104,10 @@ def seed_table(sweep: Path) -> tuple[str, dict[str, Any]]:
     text = markdown(headers, rows)
     text += (
         f"\n\nThe seed: {SEED_SETUP}; its text gives the 2k and 24k ends (means). Here: follow-up turns (turn >= 2), "
-        f"ms; turn 1 ON/OFF: first turns' p50, ON over OFF (target at most 1.03x), and its {INTERVAL:.0%} bootstrap "
+        f"ms; turn 1 ON/OFF: first turns' p50, ON over OFF (target at most {wavetargets.FIRST_TURN}x), "
+        f"and its {INTERVAL:.0%} bootstrap "
         "interval (a p50 of a few first turns moves several percent between runs). "
-        f"ON p50 growth from 8k to 24k: {cell(growth, '{:.2f}x')} (target at most 1.5x)."
+        f"ON p50 growth from 8k to 24k: {cell(growth, '{:.2f}x')} (target at most {wavetargets.GROWTH}x)."
     )
     return text, {"rows": data, "on_growth_8k_24k": growth}
 
@@ -185,7 +186,7 @@ def _points_table(summary: dict[str, Any]) -> str:
 
 
 SECTIONS = (
-    ("suffix2k", "2k-token suffixes: ON and the D->P path over the bound (target at most 1.25x)"),
+    ("suffix2k", f"2k-token suffixes: ON and the D->P path over the bound (target at most {wavetargets.BOUND}x)"),
     ("agentic", "The agentic mix: outcomes and ON/bound per suffix bucket"),
     ("load", "Load: 8 clients, OFF and ON"),
     ("overcommit", "One overcommit point: held KV over decode's cache, the valve on"),
