@@ -9,8 +9,9 @@
 # Parts, most wanted first (`pdx bench wave`, benchmark/pdx_bench/wave.py): sweep (the seed's to 32k,
 # OFF, ON, the bound, the held-KV valve on), suffix2k (2k suffixes: ON/bound), agentic (the mix),
 # tpot (decode-local's TPOT against D->P at the default threshold), load (8 clients), overcommit
-# (one point past decode's KV), then correct (scripts/gpu-correct.sh). Three starts of the
-# benchmark's engines: the sweep's OFF and ON, then every ON-side leg, then every OFF leg. Each
+# (one point past decode's KV), then correct (scripts/gpu-correct.sh). Four starts of the
+# benchmark's engines: the sweep's OFF, its ON (every ON-side leg on it), every OFF leg, then the
+# overcommit point's ON with holds released whole (decode's environment differs). Each
 # part lands in OUT/<part>/ and OUT/<part>.tgz as it ends (a later leg of it packs it again,
 # complete); then OUT/correct.tgz, and OUT/report.tgz with report.md (the sweep beside the seed's
 # p5en figures, every part's table, which card ran: nvidia-smi's name in OUT/gpu.txt).

@@ -54,21 +54,10 @@ from .workload import AGENTIC, SuffixMix, TokenCounter, WorkloadSpec
 OFF = Leg("off", (("kvTransfer.bidirectional", False),))
 ON = Leg("on", (("kvTransfer.bidirectional", True),))
 DP = Leg("dp", (("kvTransfer.bidirectional", True), ("router.decodeLocalMaxTokens", 0)))
-# ON with each claim taken on arrival (before router.claimQueueTokens): what the gate changes.
-ARRIVAL = Leg("on-arrival", (("kvTransfer.bidirectional", True), ("router.claimQueueTokens", 1 << 30)))
-# DP on engines that hand out KV blocks in vLLM's order (pdx_engine.block_order off): what that
-# plugin changes on the D->P path, side by side. Its own engines: one more start.
-DP_VLLM_ORDER = Leg(
-    "dp-vllm-order",
-    (
-        *DP.changes,
-        ("prefill.env.PDX_ASCENDING_BLOCKS", "0"),
-        ("decode.env.PDX_ASCENDING_BLOCKS", "0"),
-    ),
-)
-# ON claiming a hold only while prefill's queue is under 8k tokens (the default allows 32k): whether
-# the overcommit point's waits on claimed holds are the claim window's.
-CLAIM_8K = Leg("on-claim8k", (("kvTransfer.bidirectional", True), ("router.claimQueueTokens", 8192)))
+# ON with decode's holds released whole under pressure, as before shortening became the default
+# (pdx_engine.held_kv.shorten_from_env): what shortening changes at the overcommit point. Its own
+# engines (an engine setting): one more start.
+WHOLE = Leg("on-whole", (("kvTransfer.bidirectional", True), ("decode.env.PDX_HELD_KV_SHORTEN", "0")))
 CORRECT = "correct"  # scripts/gpu-correct.sh: run by the shell script, its time reserved here
 CORRECT_WHAT = "scripts/gpu-correct.sh: greedy output ON == OFF on the seeded model, edited histories, plugins"
 
@@ -267,7 +256,7 @@ def _parts_gpu() -> tuple[Part, ...]:
         Part("sweep", "the seed's sweep to 32k, OFF, ON and the bound (the held-KV valve on: the default)",
              (OFF, ON), (2000, 8000, 16000, 24000, 32000), replace(base, conversations=5, seed=0), whole=True),
         Part("suffix2k", "2k-token suffixes at 12k and 20k: ON (an idle decode takes them) and the D->P path, "
-             "each over the bound; the D->P path also with vLLM's block order", (ON, DP, DP_VLLM_ORDER, OFF),
+             "each over the bound", (ON, DP, OFF),
              (12000, 20000), replace(base, seed=1), suffixes=(2000,)),
         Part("agentic", f"the agentic mix at 16k ({AGENTIC.describe()})",
              (ON, OFF), (16000,), replace(base, turns=5, conversations=6, seed=2, suffix_mix=AGENTIC)),
@@ -277,8 +266,9 @@ def _parts_gpu() -> tuple[Part, ...]:
              background=BackgroundSpec(3, 128, 512)),
         Part("load", "8 clients, 16 conversations at 16k, OFF and ON",
              (ON, OFF), (16000,), replace(base, conversations=16, concurrency=8, seed=4), bound=False),
-        Part("overcommit", "12 live conversations of their own 16k prefix: about 2x decode's KV, the valve's point",
-             (ON, ARRIVAL, CLAIM_8K, OFF), (16000,), replace(base, think_time_s=2.0, shared_prefix=False, seed=5),
+        Part("overcommit", "12 live conversations of their own 16k prefix: about 2x decode's KV, the valve's point; "
+             "ON also with holds released whole", (ON, WHOLE, OFF), (16000,),
+             replace(base, think_time_s=2.0, shared_prefix=False, seed=5),
              live=(12,), bound=False),
     )  # fmt: skip
 
@@ -292,15 +282,16 @@ def _parts_cpu() -> tuple[Part, ...]:
     local = Leg("local", (("kvTransfer.bidirectional", True), ("router.decodeLocalMaxTokens", 128)))
     return (
         Part("sweep", "the sweep, OFF, ON and the bound", (OFF, ON), (256, 1024), replace(base, seed=0), whole=True),
-        Part("suffix2k", "long suffixes: ON and D->P over the bound, D->P also with vLLM's block order",
-             (ON, DP, DP_VLLM_ORDER, OFF), (512,), replace(base, seed=1), suffixes=(256,)),
+        Part("suffix2k", "long suffixes: ON and D->P over the bound", (ON, DP, OFF), (512,),
+             replace(base, seed=1), suffixes=(256,)),
         Part("agentic", f"the mix {CPU_MIX.describe()}", (ON, OFF), (512,),
              replace(base, turns=4, conversations=3, seed=2, suffix_mix=CPU_MIX)),
         Part("tpot", "decode-local against D->P with a stream", (DP, local), (512,),
              replace(base, seed=3), suffixes=(32,), bound=False, background=BackgroundSpec(1, 16, 64)),
         Part("load", "2 clients", (ON, OFF), (512,), replace(base, conversations=4, concurrency=2, seed=4),
              bound=False),
-        Part("overcommit", "3 live conversations of their own prefix", (ON, OFF), (1024,),
+        Part("overcommit", "3 live conversations of their own prefix, ON also with whole holds",
+             (ON, WHOLE, OFF), (1024,),
              replace(base, think_time_s=1.0, shared_prefix=False, seed=5), live=(3,), bound=False),
     )  # fmt: skip
 

@@ -6,9 +6,9 @@ new requests wait for the TTL (minutes). With this plugin, whenever the schedule
 allocate blocks for a request (admission, a P->D read's landing, a local turn, a running
 request's growth), it first releases held turns until the request fits, those whose
 conversations come back last first (`Holds.victim`); only then does vLLM wait or preempt as
-before. With ``PDX_HELD_KV_SHORTEN=1`` a hold gives up only what the request lacks, from its
-tail (`shorten`): the rest stays readable, and prefill reads that prefix and computes the
-remainder; by default a hold goes whole (`shorten_from_env` says why).
+before. A hold gives up only what the request lacks, from its tail (`shorten`): the rest stays
+readable, and prefill reads that prefix and computes the remainder; ``PDX_HELD_KV_SHORTEN=0``
+releases holds whole instead (`shorten_from_env` says why shortening is the default).
 
 Safety does not rest on a clock: a hold is released only while no router claims it
 (`pdx_contract.holds`). The router claims a hold before attaching it to a prefill request and
@@ -67,13 +67,16 @@ def valve_from_env(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def shorten_from_env(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether a hold gives up only its tail under pressure, or all of it (the default).
+    """Whether a hold gives up only its tail under pressure (the default), or all of it.
 
-    Off by default: on the CPU overcommit study, shortened holds reused no more follow-ups than
-    whole ones (0-4 of 12 at 2x, against 4 of 12 twice), kept more holds alive to be claimed, so
-    requests waited with every hold claimed (1-2 a point), and two of five runs stalled every
-    engine for ~24 s, which whole holds never did (docs/results/cpu-2026-12-05-overcommit-shortened)."""
-    return switch(SHORTEN_ENV, False, "1 (give up a hold's tail) or 0 (whole holds)", environ)
+    On the CPU overcommit study, pooled over six runs of one tree side by side
+    (docs/results/cpu-2026-12-07-shortened-default), shortened holds reused 51% of the follow-ups
+    at 2x against whole holds' 32%, with TTFT p99 at 0.43x OFF's against 0.86x; at 4x, where
+    every follow-up recomputes either way, 0.89x against 0.66x; no request waited on held KV
+    in either. Whole holds were the default until then: the first study of shortening
+    (docs/results/cpu-2026-12-05-overcommit-shortened) saw requests wait with every hold claimed
+    and engines stall, before claims were leased, dropped after each prefill and gated."""
+    return switch(SHORTEN_ENV, True, "1 (give up a hold's tail) or 0 (whole holds)", environ)
 
 
 def _number(raw: str) -> float:

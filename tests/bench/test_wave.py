@@ -39,11 +39,10 @@ def test_the_gpu_plan_names_every_figure_of_the_wave_and_fits_25_minutes_of_mach
         (p.name, leg.name) for p in plan.parts for leg in p.legs
     )
     assert [(s.part, s.leg.name) for s in steps[:2]] == [("sweep", "off"), ("sweep", "on")]
-    # then every ON-side leg on the engines the sweep left, the D->P leg on engines in vLLM's block
-    # order, then the OFF legs: four starts in all, each set of engines started once
-    sides = [wave._reuses(s.leg) for s in steps[1:]]
-    assert sides == sorted(sides, reverse=True) and plan.starts() == 4
-    assert [s.leg.name for s in steps if s.start] == ["off", "on", "dp-vllm-order", "off"]
+    # then every ON-side leg on the engines the sweep left, the OFF legs, then ON with whole holds on
+    # engines of its own: four starts in all, each set of engines started once
+    assert plan.starts() == 4
+    assert [s.leg.name for s in steps if s.start] == ["off", "on", "off", "on-whole"]
     # the arithmetic: legs, the first start and the later ones, correct's reserve, within the budget
     legs = sum(s.estimate_s for s in steps)
     costs = wave.GPU_COSTS
@@ -65,7 +64,7 @@ def test_a_subset_without_the_sweep_starts_each_set_of_engines_once_on_side_firs
     steps = wave.plan("gpu", ["suffix2k", "agentic"]).steps()
     assert [(s.part, s.leg.name, s.start) for s in steps] == [
         ("suffix2k", "on", True), ("suffix2k", "dp", False), ("agentic", "on", False),
-        ("suffix2k", "dp-vllm-order", True), ("suffix2k", "off", True), ("agentic", "off", False),
+        ("suffix2k", "off", True), ("agentic", "off", False),
     ]  # fmt: skip
     steps = wave.plan("gpu", ["agentic", "load"]).steps()
     assert [(s.part, s.leg.name, s.start) for s in steps] == [
@@ -128,11 +127,11 @@ def test_the_whole_wave_on_fakes_four_engine_starts_each_part_packed_and_reporte
     plan, rc = _run(tmp_path)
     out = tmp_path / "out"
     assert rc == 0, (out / "wave.log").read_text()
-    # the engines started as planned: OFF, ON, ON in vLLM's block order, OFF; every other leg kept
-    # the running ones
-    assert [d["spec"]["kvTransfer"]["bidirectional"] for d in FakeTopology.started] == [False, True, True, False]
-    orders = [d["spec"].get("prefill", {}).get("env", {}).get("PDX_ASCENDING_BLOCKS") for d in FakeTopology.started]
-    assert orders == [None, None, "0", None]
+    # the engines started as planned: OFF, ON, OFF, ON with whole holds; every other leg kept the
+    # running ones
+    assert [d["spec"]["kvTransfer"]["bidirectional"] for d in FakeTopology.started] == [False, True, False, True]
+    whole = [d["spec"].get("decode", {}).get("env", {}).get("PDX_HELD_KV_SHORTEN") for d in FakeTopology.started]
+    assert whole == [None, None, None, "0"]
     assert all(d["spec"]["decode"]["extraArgs"] == ["--num-gpu-blocks-override", "24"] for d in FakeTopology.started)
     status = json.loads((out / "wave.json").read_text())
     assert [(s["part"], s["leg"]) for s in status["steps"]] == [(s.part, s.leg.name) for s in plan.steps()]
@@ -163,7 +162,7 @@ def test_the_whole_wave_on_fakes_four_engine_starts_each_part_packed_and_reporte
     for heading in ("2k-token suffixes", "The agentic mix", "Load: 8 clients", "One overcommit point", "Decode-local"):
         assert heading in report
     suffix2k = report.split("## 2k-token suffixes")[1].split("##")[0]
-    assert "| D->P p50 | D->P/bound | dp-vllm-order p50 | dp-vllm-order/bound |" in suffix2k, suffix2k
+    assert "| bound p50 | ON/bound | D->P p50 | D->P/bound |" in suffix2k, suffix2k
     assert not re.search(r"\| - \| - \|\n", suffix2k), suffix2k
     # every target judged from the parts' files; the fakes ran no correctness check, so that one is not judged
     targets = {t["target"]: t for t in json.loads((out / "report.json").read_text())["targets"]}
