@@ -125,6 +125,10 @@ class ReleasedNote(_Answer):
     released: list[HoldId] = Field(default_factory=list, max_length=NOTE_IDS)
     covered: list[HoldId] = Field(default_factory=list, max_length=NOTE_IDS)
     """Of `released`, those a younger hold covers (`HoldsAnswer.covered`)."""
+    kept: dict[HoldId, Annotated[int, Field(ge=0)]] = Field(default_factory=dict, max_length=NOTE_IDS)
+    """The holds decode shortened most recently and still keeps: the leading tokens of each it
+    still holds (`HoldsAnswer.kept`). Its prefix cache no longer has the rest, so a turn prefilled
+    on decode would compute that too; the router counts it (`policy.local`)."""
 
     @classmethod
     def latest(
@@ -132,9 +136,11 @@ class ReleasedNote(_Answer):
         seq: int,
         released_after: Callable[[int], list[HoldId]],
         covered: Callable[[list[HoldId]], list[HoldId]] | None = None,
+        kept: dict[HoldId, int] | None = None,
     ) -> ReleasedNote:
         """The note of the last NOTE_IDS releases up to `seq`, `released_after(n)` naming those after n
-        and `covered(ids)` those of them a younger hold covers."""
+        and `covered(ids)` those of them a younger hold covers; `kept`: the latest shortened holds."""
         since = max(0, seq - NOTE_IDS)
         released = released_after(since)
-        return cls(since=since, seq=seq, released=released, covered=covered(released) if covered else [])
+        covers = covered(released) if covered else []
+        return cls(since=since, seq=seq, released=released, covered=covers, kept=kept or {})

@@ -19,7 +19,9 @@ comes (a router restarted mid-turn) costs a lease, not the TTL.
 A release frees the blocks in the scheduler at once and tells the worker (NIXL's own send
 deadline, set to the past) to forget them; the worker's later "sent" report is swallowed. A hold
 shortened while unclaimed reports its kept tokens in the next claim's answer, and the router
-cuts what prefill reads to them; blocks past them are never named to a reader again.
+cuts what prefill reads to them; blocks past them are never named to a reader again. Every held
+turn's answer also names the latest shortened holds (`contract.ReleasedNote.kept`), so the router
+counts a lost tail before it prefills a turn on decode.
 
 ``PDX_HELD_KV_VALVE=0`` turns the valve off (claims are still answered); anything else, or
 unset, leaves it on. ``PDX_HELD_KV_MAX_FRACTION`` (0 < f <= 1, from the CR's
@@ -137,6 +139,7 @@ class Holds:
         self._gaps: deque[float] = deque(maxlen=GAPS_KEPT)  # turn end -> the next turn's claim, seconds
         self._released: set[str] = set()  # freed early; the worker's "sent" report is still due
         self._kept: dict[str, int] = {}  # shortened holds: the leading tokens still held
+        self._trimmed: deque[str] = deque(maxlen=contract.NOTE_IDS)  # the latest shortened, for the note
         self.trims = 0  # holds shortened under pressure (their tails freed, their prefixes kept)
         self.releases = 0  # released under pressure
         self.superseded = 0  # released because a younger hold covers them (`supersede`)
@@ -254,10 +257,17 @@ class Holds:
         """``hold``'s tail was freed early: only its first ``tokens`` may be read from now on."""
         self._kept[hold] = tokens
         self.trims += 1
+        if hold in self._trimmed:
+            self._trimmed.remove(hold)
+        self._trimmed.append(hold)
 
     def kept(self, ids: list[str]) -> dict[str, int]:
         """The tokens still held of each of ``ids`` that was shortened."""
         return {hold: self._kept[hold] for hold in ids if hold in self._kept}
+
+    def latest_kept(self) -> dict[str, int]:
+        """The latest shortened holds still held (at most NOTE_IDS), and their kept tokens."""
+        return self.kept(list(self._trimmed))
 
     def released(self, hold: str, pressure: bool = True, covered: bool = False) -> None:
         """``hold`` was freed early (under pressure, superseded, or asked): forget it, and expect the
@@ -530,9 +540,10 @@ def patch_scheduler(
 def note_releases(params: Any, holds: Holds) -> None:
     """Name the latest early releases in a held turn's answer (`contract.ReleasedNote`).
     `_free_request` returns the params (vLLM 0.26) or them and the encoder's (0.32)."""
-    if not isinstance(params, dict) or holds.seq == 0:
+    kept = holds.latest_kept()
+    if not isinstance(params, dict) or (holds.seq == 0 and not kept):
         return
-    note = contract.ReleasedNote.latest(holds.seq, holds.released_after, holds.covered)
+    note = contract.ReleasedNote.latest(holds.seq, holds.released_after, holds.covered, kept)
     params[contract.RELEASED_KV] = note.to_json()
 
 

@@ -638,7 +638,7 @@ class Router:
         if cap.kv is not None:  # whether to ask this decode for token ids next time
             decode.names_held = kv_prefix.HELD in cap.kv
             if (note := holds.released_note(cap.kv)) is not None:
-                decode.note_releases(note.released, note.seq, note.since, note.covered)
+                decode.note_releases(note.released, note.seq, note.since, note.covered, note.kept)
         plan = done.attempt.plan
         kept = reuse.after_turn(cap, done.attempt.compared_ids, decode, time.time(), self.cfg.conversation_ttl_seconds)
         if kept.mismatch:

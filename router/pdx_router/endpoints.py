@@ -30,23 +30,35 @@ class Endpoint:
     released_seq: int = 0  # the last release count its holds answers gave (the next claim's `since`)
     # holds it released early, oldest first: True where a younger hold covers the blocks (superseded)
     released: dict[str, bool] = field(default_factory=dict)
+    # holds it shortened under pressure, oldest first: the leading tokens it still keeps of each
+    kept: dict[str, int] = field(default_factory=dict)
     held_kv: HoldsAnswer | None = None  # a decode's answer to the last health check's holds poll
     # requests on it that are not this router's (other replicas'), from its /metrics at the last health check
     others_load: int | None = None
     load_seen: float = 0.0  # time.monotonic() when its load was last asked (policy.local.FRESH_S)
 
     def note_releases(
-        self, holds: list[str], seq: int, since: int | None = None, covered: list[str] | None = None
+        self,
+        holds: list[str],
+        seq: int,
+        since: int | None = None,
+        covered: list[str] | None = None,
+        kept: dict[str, int] | None = None,
     ) -> None:
         """Holds this decode says it released early (its answer to a claim, or a note in a turn's
         answer naming those after `since`; `covered`: those a younger hold covers): their turns
         go plain at once, without a claim. The next claim asks for those after `seq` only when
-        nothing between is missing."""
-        kept = set(covered or ())
+        nothing between is missing. `kept`: holds it shortened, and the tokens it still keeps."""
+        covers = set(covered or ())
         for hold in holds:
-            self.released[hold] = hold in kept
+            self.released[hold] = hold in covers
         while len(self.released) > KNOWN_RELEASES:
             del self.released[next(iter(self.released))]
+        for hold, tokens in (kept or {}).items():
+            self.kept.pop(hold, None)
+            self.kept[hold] = tokens
+        while len(self.kept) > KNOWN_RELEASES:
+            del self.kept[next(iter(self.kept))]
         if since is None:
             self.released_seq = seq
         elif since <= self.released_seq:

@@ -715,3 +715,11 @@ def test_a_held_turns_answer_names_the_latest_early_releases(shape: str) -> None
     assert sched.kv_cache_manager.allocate_slots(fresh, 2) is not None  # releases b, the youngest
     note = contract.ReleasedNote.model_validate(finish("c")[contract.RELEASED_KV])  # c's room releases a
     assert (note.since, note.seq, note.released, note.covered) == (0, 2, ["b", "a"], [])
+
+    sched = module.Scheduler(blocks=6)  # a fresh engine, holds shortened under pressure
+    sched._pdx_holds.shorten = True
+    finish("d")
+    assert sched.kv_cache_manager.allocate_slots(FakeRequest("grow", finished=False), 4) is not None  # d gives 1
+    sched.kv_cache_manager.free("grow")
+    note = contract.ReleasedNote.model_validate(finish("e")[contract.RELEASED_KV])  # no release: named for d's cut
+    assert (note.seq, note.released, note.kept) == (0, [], {"d": 2})

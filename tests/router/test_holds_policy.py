@@ -105,6 +105,18 @@ def test_a_decodes_known_releases_are_bounded_oldest_first() -> None:
     assert not holds.known_released(decode, "cmpl-0") and holds.known_released(decode, f"cmpl-{KNOWN_RELEASES + 9}")
 
 
+def test_a_note_names_the_holds_decode_shortened_and_what_each_still_keeps() -> None:
+    note = holds.released_note({**KV, RELEASED_KV: {"since": 0, "seq": 0, "kept": {"cmpl-3": 256}}})
+    assert note is not None and note.kept == {"cmpl-3": 256}
+    decode = ep("decode", "http://d0")
+    decode.note_releases(note.released, note.seq, note.since, note.covered, note.kept)
+    assert holds.tokens_given_up(decode, "cmpl-3", 1000) == 744  # of a plan reading 1000 tokens
+    assert holds.tokens_given_up(decode, "cmpl-3", 200) == 0  # the read ends inside what is kept
+    assert holds.tokens_given_up(decode, "cmpl-4", 1000) == 0 and holds.tokens_given_up(decode, None, 1000) == 0
+    decode.note_releases([], 0, 0, None, {f"cmpl-{i}": 1 for i in range(KNOWN_RELEASES + 1)})
+    assert len(decode.kept) == KNOWN_RELEASES and "cmpl-0" not in decode.kept  # bounded, oldest out
+
+
 # ---------------------------------------------------------------- a hold decode shortened
 
 

@@ -69,6 +69,26 @@ def test_a_turn_goes_through_prefill_when(
 IDLE = Rule(max_tokens=512, max_busy=2, idle_max_tokens=8192)
 
 
+def shortened_by(url: str, hold: str, kept: int, load: int = 0) -> Any:
+    """A decode whose note said it shortened `hold` under pressure to its first `kept` tokens."""
+    decode = ep("decode", url, load=load)
+    decode.note_releases([], seq=0, since=0, kept={hold: kept})
+    return decode
+
+
+def test_a_shortened_hold_goes_local_only_if_the_lost_tail_and_the_suffix_are_few_enough() -> None:
+    # 4000 held, 3900 kept: 100 lost + 300 new = 400 <= 512, decode computes them
+    assert local.decide(HELD, 300, shortened_by(HOLDER, "cmpl-d0-7", 3900), RULE) is Why.LOCAL
+    # 1000 lost + 300 new: over the threshold the suffix alone met, through prefill (the claim cuts the read)
+    assert local.decide(HELD, 300, shortened_by(HOLDER, "cmpl-d0-7", 3000), RULE) is Why.SHORTENED
+    # on an idle decode with the idle bound the tail is computed there, as any long suffix
+    assert local.decide(HELD, 300, shortened_by(HOLDER, "cmpl-d0-7", 3000), IDLE) is Why.LOCAL
+    assert local.decide(HELD, 300, shortened_by(HOLDER, "cmpl-d0-7", 3000, load=1), IDLE) is Why.SHORTENED
+    # a long suffix stays `long`; another hold's shortening is not this turn's
+    assert local.decide(HELD, 600, shortened_by(HOLDER, "cmpl-d0-7", 3000), RULE) is Why.LONG
+    assert local.decide(HELD, 300, shortened_by(HOLDER, "cmpl-d0-other", 10), RULE) is Why.LOCAL
+
+
 def test_a_long_suffix_goes_local_only_while_its_decode_has_nothing_in_flight() -> None:
     assert local.decide(PLAN, 2000, ep("decode", HOLDER), IDLE) is Why.LOCAL
     assert local.decide(PLAN, 8192, ep("decode", HOLDER), IDLE) is Why.LOCAL

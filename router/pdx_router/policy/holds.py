@@ -96,6 +96,13 @@ def blocks_given_up(decode: Endpoint, hold: str | None) -> bool:
     return hold is not None and decode.released.get(hold) is False
 
 
+def tokens_given_up(decode: Endpoint, hold: str | None, held: int) -> int:
+    """Of the `held` tokens a plan reads of `hold`, those decode said it gave up by shortening the
+    hold under pressure (its prefix cache no longer has them); 0 when it kept them all."""
+    kept = decode.kept.get(hold) if hold is not None else None
+    return max(0, held - kept) if kept is not None else 0
+
+
 def read_answer(hold: str, status: int, body: Any) -> Claim:
     """Decode's answer (HTTP status, 0 for none, and JSON body) to a claim on `hold`."""
     return read(hold, status, parse(status, body))

@@ -46,9 +46,10 @@ class Why(StrEnum):
     BUSY = "busy"  # the decode has decodeLocalMaxBusy requests in flight, or more
     HOLDER = "holder"  # the decode that holds it serves no new turns (draining, unhealthy, other generation)
     RELEASED = "released"  # that decode said it released the hold's blocks: its cache may have given them away
+    SHORTENED = "shortened"  # decode gave up the hold's tail: the new tokens are few, those plus the tail are not
 
 
-SKIPPED: Final = (Why.UNKNOWN, Why.LONG, Why.BUSY, Why.HOLDER, Why.RELEASED)
+SKIPPED: Final = (Why.UNKNOWN, Why.LONG, Why.BUSY, Why.HOLDER, Why.RELEASED, Why.SHORTENED)
 
 
 @dataclass(frozen=True)
@@ -151,8 +152,21 @@ def decide(plan: TurnPlan, suffix_tokens: int | None, holder: Endpoint | None, r
         return Why.RELEASED
     if suffix_tokens is None:
         return Why.UNKNOWN
-    if suffix_tokens > rule.max_tokens:
-        return Why.LOCAL if suffix_tokens <= rule.idle_max_tokens and busy(holder) == 0 else Why.LONG
+    # A hold decode shortened under pressure: its prefix cache lost the tail, which a local turn
+    # would compute again in decode's batch; through prefill, the claim cuts the read to the kept
+    # prefix and prefill computes the rest.
+    lost = holds.tokens_given_up(holder, holds.hold_id(plan.kv), plan.reused_tokens)
+    why = _by_size(suffix_tokens + lost, holder, rule)
+    if lost and why is not Why.LOCAL and _by_size(suffix_tokens, holder, rule) is Why.LOCAL:
+        return Why.SHORTENED
+    return why
+
+
+def _by_size(new_tokens: int, holder: Endpoint, rule: Rule) -> Why:
+    """Local for `new_tokens` to compute on `holder`: at most max_tokens on a decode that is not
+    busy, or at most idle_max_tokens on an idle one."""
+    if new_tokens > rule.max_tokens:
+        return Why.LOCAL if new_tokens <= rule.idle_max_tokens and busy(holder) == 0 else Why.LONG
     if busy(holder) >= rule.max_busy:
         return Why.BUSY
     return Why.LOCAL
