@@ -60,6 +60,15 @@ _MARK = "_pdx_held_kv"
 WAITED_KEPT = 4096  # request ids remembered so a request refused over many steps counts once
 GAPS_KEPT = 64  # the last gaps between turns measured (their median decides what goes first)
 MIN_GAPS = 4  # fewer say nothing: no hold is taken for stale until then
+# Shortening bets that a hold's prefix will be read: a shortened hold later claimed (or whose
+# conversation came back on decode) won; one released under pressure lost. Over the last BETS_KEPT
+# settled within BETS_WINDOW_S, at least MIN_BETS, winning under MIN_PAYOFF of them turns shortening
+# off until the losses age out: at 3.9x overcommit on CPU no shortened hold was read, and trimming
+# cost TTFT against whole releases (docs/results/cpu-2026-12-07-shortened-default).
+BETS_KEPT = 16
+MIN_BETS = 8
+MIN_PAYOFF = 0.25
+BETS_WINDOW_S = 60.0
 STALE_GAPS = 2.0  # a hold idle this many typical gaps belongs to a conversation that has likely ended
 
 
@@ -140,6 +149,8 @@ class Holds:
         self._released: set[str] = set()  # freed early; the worker's "sent" report is still due
         self._kept: dict[str, int] = {}  # shortened holds: the leading tokens still held
         self._trimmed: deque[str] = deque(maxlen=contract.NOTE_IDS)  # the latest shortened, for the note
+        self._open_bets: set[str] = set()  # shortened holds whose prefix is not yet read nor released
+        self._bets: deque[tuple[float, bool]] = deque(maxlen=BETS_KEPT)  # (when, read) per settled bet
         self.trims = 0  # holds shortened under pressure (their tails freed, their prefixes kept)
         self.releases = 0  # released under pressure
         self.superseded = 0  # released because a younger hold covers them (`supersede`)
@@ -176,8 +187,23 @@ class Holds:
                 self._held[hold] += 1
                 self._held.move_to_end(hold)
                 self._pinned_until[hold] = max(self._pinned_until.get(hold, until), until)
+                self._settle(hold, read=True)
                 out.append(hold)
         return out
+
+    def _settle(self, hold: str, read: bool) -> None:
+        if hold in self._open_bets:
+            self._open_bets.discard(hold)
+            self._bets.append((self.clock(), read))
+
+    def shortening(self) -> bool:
+        """Whether to give up a hold's tail (not all of it) now: shortening is on, and its recent
+        bets won often enough (`MIN_PAYOFF`), or too few are recent to say."""
+        if not self.shorten:
+            return False
+        recent = self.clock() - BETS_WINDOW_S
+        reads = [read for when, read in self._bets if when >= recent]
+        return len(reads) < MIN_BETS or sum(reads) >= MIN_PAYOFF * len(reads)
 
     def _pinned(self, hold: str, claims: int, now: float) -> bool:
         return claims > 0 and now < self._pinned_until.get(hold, float("inf"))
@@ -198,6 +224,7 @@ class Holds:
         born = self._born.pop(hold, None)
         if born is not None:
             self._gaps.append(self.clock() - born)
+        self._settle(hold, read=True)
 
     def release_claim(self, ids: list[str]) -> None:
         for hold in ids:
@@ -252,10 +279,12 @@ class Holds:
         self._pinned_until.pop(hold, None)
         self._born.pop(hold, None)
         self._kept.pop(hold, None)
+        self._open_bets.discard(hold)
 
     def shortened(self, hold: str, tokens: int) -> None:
         """``hold``'s tail was freed early: only its first ``tokens`` may be read from now on."""
         self._kept[hold] = tokens
+        self._open_bets.add(hold)
         self.trims += 1
         if hold in self._trimmed:
             self._trimmed.remove(hold)
@@ -274,6 +303,8 @@ class Holds:
         worker to report it once more. ``covered``: a younger hold keeps its blocks (`supersede`)."""
         if self._held.get(hold, 0) > 0:
             self.lapsed += 1  # only a claim past its lease lets a claimed hold go
+        if pressure:
+            self._settle(hold, read=False)
         self._forget(hold)
         self._released.add(hold)
         if pressure:
@@ -376,7 +407,7 @@ def shorten(scheduler: Any, holds: Holds, hold: str, blocks: int, min_keep: int)
     goes back to the pool now (tail first, as vLLM frees), and a later read or TTL frees the rest.
     """
     request = scheduler.requests.get(hold)
-    whole = not holds.shorten or request is None or not request.is_finished()
+    whole = not holds.shortening() or request is None or not request.is_finished()
     found = None if whole else _blocks_of(scheduler, hold)
     if found is None or len(found[1]) - blocks < max(min_keep, 1):
         release(scheduler, holds, hold)

@@ -370,6 +370,60 @@ def test_a_hold_that_would_keep_less_than_the_recompute_threshold_is_released_wh
     assert (answer.held, answer.released, answer.trims) == ([], ["a"], 0)
 
 
+def _bet(holds: Holds, hold: str, read: bool) -> None:
+    """A hold shortened under pressure, then read (claimed) or released under pressure."""
+    holds.add(hold)
+    holds.shortened(hold, 128)
+    if read:
+        holds.claim([hold])
+    else:
+        holds.released(hold)
+
+
+def test_shortening_stops_while_shortened_holds_are_released_unread_and_resumes_as_losses_age() -> None:
+    clock = Clock()
+    holds = Holds(clock=clock, shorten=True)
+    for i in range(held_kv.MIN_BETS - 1):
+        _bet(holds, f"lost-{i}", read=False)
+    assert holds.shortening()  # too few bets to say
+    _bet(holds, "lost-last", read=False)
+    assert not holds.shortening()  # every recent shortened hold went unread: release whole
+    clock.now += held_kv.BETS_WINDOW_S + 1
+    assert holds.shortening()  # those losses aged out: shortening is tried again
+
+
+def test_shortening_goes_on_while_enough_shortened_holds_are_read() -> None:
+    holds = Holds(clock=Clock(), shorten=True)
+    for i in range(12):
+        _bet(holds, f"h{i}", read=i % 4 == 0)  # a quarter read
+    assert holds.shortening()
+    _bet(holds, "another-loss", read=False)  # 3 of 13 read: under a quarter
+    assert not holds.shortening()
+    assert not Holds(shorten=False).shortening()
+
+
+def test_a_shortened_hold_that_is_read_by_its_conversation_on_decode_is_a_won_bet() -> None:
+    holds = Holds(clock=Clock(), shorten=True)
+    for i in range(held_kv.MIN_BETS):
+        holds.add(f"h{i}")
+        holds.shortened(f"h{i}", 128)
+        holds.came_back(f"h{i}")  # a decode-local turn used its prefix (`supersede`)
+    assert holds.shortening()
+    holds.add("x")
+    holds.shortened("x", 128)
+    holds.gone("x")  # vLLM freed it itself (read, TTL): no bet settled either way
+    assert holds.shortening()
+
+
+def test_once_shortening_loses_a_request_releases_a_hold_whole(patched: type[FakeScheduler]) -> None:
+    sched = patched(blocks=10)
+    for i in range(held_kv.MIN_BETS):
+        _bet(sched._pdx_holds, f"lost-{i}", read=False)  # type: ignore[attr-defined]
+    _finish_turn(sched, "a", 5)
+    sched.kv_cache_manager.allocate_slots(FakeRequest("b", finished=False), 6)  # short of one block
+    assert "a" not in sched.requests  # whole, where it would have given one block
+
+
 def test_a_hybrid_models_hold_is_released_whole_never_cut(patched: type[FakeScheduler]) -> None:
     sched = patched(blocks=6)
     _finish_turn(sched, "a", 6)
