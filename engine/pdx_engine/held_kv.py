@@ -86,7 +86,8 @@ def shorten_from_env(environ: Mapping[str, str] = os.environ) -> bool:
     every follow-up recomputes either way, 0.89x against 0.66x; no request waited on held KV
     in either. Whole holds were the default until then: the first study of shortening
     (docs/results/cpu-2026-12-05-overcommit-shortened) saw requests wait with every hold claimed
-    and engines stall, before claims were leased, dropped after each prefill and gated."""
+    and engines stall, before claims were leased, dropped after each prefill and gated. Where
+    shortened holds go unread (at 4x), decode stops shortening for a while (`Holds.shortening`)."""
     return switch(SHORTEN_ENV, True, "1 (give up a hold's tail) or 0 (whole holds)", environ)
 
 
