@@ -572,8 +572,10 @@ def patch_scheduler(
 def note_releases(params: Any, holds: Holds) -> None:
     """Name the latest early releases in a held turn's answer (`contract.ReleasedNote`).
     `_free_request` returns the params (vLLM 0.26) or them and the encoder's (0.32)."""
+    if not isinstance(params, dict):
+        return
     kept = holds.latest_kept()
-    if not isinstance(params, dict) or (holds.seq == 0 and not kept):
+    if holds.seq == 0 and not kept:
         return
     note = contract.ReleasedNote.latest(holds.seq, holds.released_after, holds.covered, kept)
     params[contract.RELEASED_KV] = note.to_json()
