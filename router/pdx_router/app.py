@@ -414,8 +414,8 @@ class Router:
             messages = ask.body["messages"]
             tail = local.suffix_messages(messages, ask.history, plan.turn)
             if tail is not None:
-                encode = self.chat_tokens.encode if self.chat_tokens is not None else None
-                suffix = local.count_tokens(tail, encode, cap=rule.cap)
+                count = self.chat_tokens.count if self.chat_tokens is not None else None
+                suffix = local.count_tokens(tail, count, rule.cap, local.sure_local(plan, holder, rule))
         why = local.decide(plan, suffix, holder, rule)
         if holder is not None and local.worth_a_fresh_look(suffix, holder, rule, time.monotonic()):
             await self.discovery.fresh_load(holder)

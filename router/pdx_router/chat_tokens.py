@@ -92,6 +92,9 @@ def _tojson(
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+COUNT_PIECE = 2048  # characters of a piece `ChatTokenizer.count` encodes
+
+
 class ChatTokenizer:
     """tokenizer.json + the chat template of tokenizer_config.json, rendered as Hugging Face
     renders it (the same sandbox, options and variables)."""
@@ -158,6 +161,19 @@ class ChatTokenizer:
         """The ids alone: the batch call without offsets takes half the CPU of `encode`
         (0.22 against 0.43 ms for a 310-token tail here), and the ids are the same."""
         return list(self.tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids)
+
+    def count(self, text: str) -> int:
+        """How many tokens `text` takes, give or take one where it is cut: pieces of about
+        COUNT_PIECE characters, each ending before a space, encoded as one batch (the library
+        spreads a batch over its threads, and one long text costs more per token than short
+        ones: a 16k-token tool output took 45 ms whole and 10 ms in pieces on 2 cores)."""
+        pieces, start = [], 0
+        while start < len(text):
+            end = text.find(" ", start + COUNT_PIECE)
+            end = len(text) if end < 0 else end
+            pieces.append(text[start:end])
+            start = end
+        return sum(len(e.ids) for e in self.tokenizer.encode_batch_fast(pieces, add_special_tokens=False))
 
     def encode_in_thread(self, text: str) -> list[int]:
         """The same ids; for a worker thread (the batch call releases the GIL: at ~1 µs a

@@ -138,3 +138,13 @@ async def test_a_tokenizer_that_renders_unlike_the_engine_is_never_used(
     assert stats["routerTokenizer"] == "disabled"
     assert sum(path == "/tokenize" for path, _ in s.prefill.requests) == 3
     assert all(r.correct for r in s.cluster.reads)
+
+
+def test_a_count_in_pieces_is_the_number_of_ids_give_or_take_one_a_cut(tok: ChatTokenizer) -> None:
+    rng = random.Random(7)
+    words = ["tool", "output:", '{"k": [1, 2]}', "naïve", "数字", "  ", "\n", "x=1;", "<|im_end|>", "12345"]
+    for n in (1, 50, 800, 3000):
+        text = " ".join(rng.choice(words) for _ in range(n))
+        cuts = len(text) // 2048
+        assert abs(tok.count(text) - len(tok.encode(text))) <= cuts
+    assert tok.count("") == 0

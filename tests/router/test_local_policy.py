@@ -3,10 +3,13 @@ engines' load, the fallback's attempt."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
 
+from pdx.local.localmodel import build_local_model
+from pdx_router.chat_tokens import ChatTokenizer
 from pdx_router.entries import Entry
 from pdx_router.ids import of_list
 from pdx_router.policy import Outcome, history, local, retry
@@ -27,6 +30,12 @@ HELD = TurnPlan(
     affinity=HOLDER,
     checked_by_engines=True,
 )
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory: pytest.TempPathFactory) -> ChatTokenizer:
+    """The local model's tokenizer (Qwen3's)."""
+    return ChatTokenizer.from_dir(build_local_model(tmp_path_factory.mktemp("model")))
 
 
 def released_by(url: str, hold: str, covered: bool = False) -> Any:
@@ -163,14 +172,51 @@ def test_the_estimate_counts_bytes_and_template_markers() -> None:
 def test_a_tokenizer_counts_short_suffixes_and_long_ones_are_not_tokenized() -> None:
     seen: list[str] = []
 
-    def encode(text: str) -> list[int]:
+    def count(text: str) -> int:
         seen.append(text)
-        return [0] * 7
+        return 7
 
-    assert local.count_tokens([user("hello")], encode, cap=512) == 7 + 2 * local.MESSAGE_TOKENS
+    assert local.count_tokens([user("hello")], count, cap=512) == 7 + 2 * local.MESSAGE_TOKENS
     long = [user("y" * 8000)]
-    assert local.count_tokens(long, encode, cap=512) == local.estimate_tokens(long)
+    assert local.count_tokens(long, count, cap=512) == local.estimate_tokens(long)
     assert len(seen) == 1
+
+
+def test_a_suffix_whose_bytes_fit_what_goes_local_is_not_tokenized() -> None:
+    seen: list[str] = []
+
+    def count(text: str) -> int:
+        seen.append(text)
+        return 7
+
+    tail = [user("z" * 1500)]  # ~1.5k bytes: within an idle decode's 8192, not a busy one's 512
+    bound = local.upper_bound(tail)
+    idle, busy = ep("decode", HOLDER), ep("decode", HOLDER, load=1)
+    assert local.sure_local(PLAN, idle, IDLE) == 8192
+    assert local.count_tokens(tail, count, IDLE.cap, local.sure_local(PLAN, idle, IDLE)) == bound
+    assert seen == []
+    assert local.sure_local(PLAN, busy, IDLE) == 512
+    counted = local.count_tokens(tail, count, IDLE.cap, local.sure_local(PLAN, busy, IDLE))
+    assert counted == 7 + 2 * local.MESSAGE_TOKENS
+    assert len(seen) == 1
+    # a shortened hold's lost tail comes off what is sure; no holder, or decode-local off: nothing is
+    assert local.sure_local(HELD, shortened_by(HOLDER, "cmpl-d0-7", 3000), IDLE) == 8192 - 1000
+    assert local.sure_local(PLAN, None, IDLE) == local.sure_local(PLAN, idle, Rule(0, 2, 8192)) == 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_bound_decides_every_turn_as_the_tokenizer_s_count_would(seed: int, tok: ChatTokenizer) -> None:
+    rng = random.Random(seed)
+    words = ["tool", "output:", '{"k": [1, 2]}', "naïve", "数字", "  ", "\n", "x=1;", "<|im_end|>"]
+    for _ in range(200):
+        tail = [user(" ".join(rng.choice(words) for _ in range(rng.randint(1, 400))))]
+        exact = len(tok.encode("".join(history.canonical(m).decode() for m in tail)))
+        assert exact + 2 * local.MESSAGE_TOKENS <= local.upper_bound(tail)
+        rule = Rule(rng.choice([64, 256, 512]), 2, rng.choice([0, 1024, 4096]))
+        holder = shortened_by(HOLDER, "cmpl-d0-7", rng.choice([4000, 3900, 3000]), load=rng.choice([0, 0, 1, 2]))
+        counted = local.count_tokens(tail, tok.count, rule.cap)
+        fast = local.count_tokens(tail, tok.count, rule.cap, local.sure_local(HELD, holder, rule))
+        assert local.decide(HELD, fast, holder, rule) is local.decide(HELD, counted, holder, rule)
 
 
 def test_the_router_s_own_ids_give_the_exact_suffix() -> None:
