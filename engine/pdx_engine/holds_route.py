@@ -4,7 +4,8 @@ The holds live in the engine core's scheduler (`pdx_engine.held_kv`); the route 
 request as a utility call to the engine core, which answers between two steps. Added by
 wrapping vLLM's ``build_app`` when its module is imported (0.32 and 0.26 keep it in different
 modules), so it needs no endpoint-plugin allowlist. A decode without the route answers 404: the
-router then reads its holds as before, without claims.
+router then reads its holds as before, without claims. ``GET /v1/pdx/load`` (`pdx_engine.load_route`)
+is added with it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from pdx_contract import holds as contract
+from pdx_contract import load
 from pdx_contract.base import problems
+from pdx_engine import load_route
 
 logger = logging.getLogger("vllm.pdx_plugin")
 
@@ -65,11 +68,14 @@ def patch_module(module: ModuleType) -> bool:
     def build_app(*args: Any, **kwargs: Any) -> Any:
         app = build(*args, **kwargs)
         add_route(app)
+        load_route.add_route(app)
         return app
 
     setattr(build_app, _MARK, True)
     module.build_app = build_app  # type: ignore[attr-defined]
-    logger.info("pdx plugin: %s serves %s (claims on decode's held KV)", module.__name__, contract.PATH)
+    logger.info(
+        "pdx plugin: %s serves %s (claims on decode's held KV) and %s", module.__name__, contract.PATH, load.PATH
+    )
     return True
 
 

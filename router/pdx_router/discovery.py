@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import aiohttp
 from pydantic import ValidationError
 
+from pdx_contract import load
 from pdx_contract.base import engine_url, problems
 from pdx_contract.endpoints import EndpointsDocument, PublishedEndpoint, Role
 
@@ -20,7 +21,7 @@ from .claims import holds_call
 from .config import ConfigError, RouterConfig
 from .endpoints import Endpoint
 from .policy import local
-from .upstream import Upstream, block_size_from_metrics, load_from_metrics
+from .upstream import Upstream, block_size_from_metrics, load_from_metrics, read_load
 
 FAILURE_THRESHOLD = 3
 
@@ -198,14 +199,25 @@ class Discovery:
             await self._poll_holds(ep)
 
     async def _scrape(self, ep: Endpoint, timeout: float) -> None:
-        """Decode's block size, and with decode-local on the requests on it that are not ours."""
+        """Decode's block size (from /metrics, once), and with decode-local on the requests on it
+        that are not ours: from pdx's load route where decode has it (`pdx_contract.load`),
+        else from /metrics."""
         with contextlib.suppress(Exception):
             own = ep.outstanding
             ep.load_seen = time.monotonic()
+            wants_load = self.cfg.decode_local_max_tokens > 0
+            if wants_load and ep.block_size is not None and ep.load_route is not False:
+                status, raw = await self.upstream.get(ep.url + load.PATH, timeout)
+                if status == 200 and (n := read_load(raw)) is not None:
+                    ep.load_route = True
+                    ep.others_load = local.others_load(n, max(own, ep.outstanding))
+                    return
+                if status in (200, 404, 405, 501):  # no such route (or another at its path): /metrics from now on
+                    ep.load_route = False
             status, text = await self.upstream.get(ep.url + "/metrics", timeout)
             if status == 200:
                 ep.block_size = ep.block_size or block_size_from_metrics(text)
-                if self.cfg.decode_local_max_tokens > 0:
+                if wants_load:
                     ep.others_load = local.others_load(load_from_metrics(text), max(own, ep.outstanding))
 
     async def fresh_load(self, ep: Endpoint) -> None:

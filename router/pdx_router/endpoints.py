@@ -33,9 +33,10 @@ class Endpoint:
     # holds it shortened under pressure, oldest first: the leading tokens it still keeps of each
     kept: dict[str, int] = field(default_factory=dict)
     held_kv: HoldsAnswer | None = None  # a decode's answer to the last health check's holds poll
-    # requests on it that are not this router's (other replicas'), from its /metrics at the last health check
+    # requests on it that are not this router's (other replicas'), as its load was last asked
     others_load: int | None = None
     load_seen: float = 0.0  # time.monotonic() when its load was last asked (policy.local.FRESH_S)
+    load_route: bool | None = None  # answers GET /v1/pdx/load (pdx_contract.load); False: no, read /metrics
 
     def note_releases(
         self,

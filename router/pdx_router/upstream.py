@@ -10,6 +10,9 @@ from typing import Any, Final
 
 import aiohttp
 import orjson
+from pydantic import ValidationError
+
+from pdx_contract import load
 
 from .endpoints import Endpoint
 from .errors import ClientFacingError, MalformedAnswer, TooBig, UpstreamError, WireError
@@ -145,6 +148,15 @@ def load_from_metrics(text: bytes) -> int | None:
     try:
         return round(sum(float(v) for v in found))
     except ValueError:
+        return None
+
+
+def read_load(raw: bytes) -> int | None:
+    """The requests in a `pdx_contract.load` answer; None for anything else (a vLLM without
+    the route answers 404, or 501 where it cannot count)."""
+    try:
+        return load.LoadAnswer.model_validate_json(raw).requests
+    except ValidationError:
         return None
 
 

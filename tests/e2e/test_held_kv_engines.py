@@ -12,6 +12,7 @@ until its claim's lease is over: by then prefill declines to start the read.
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import json
 import time
@@ -25,6 +26,7 @@ import pytest
 from pdx.local import default_document
 from pdx.local.topology import LocalTopology
 from pdx_contract import holds as contract
+from pdx_contract import load
 from pdx_engine import held_kv
 from tests.e2e.chat import Answer, chat
 
@@ -204,3 +206,22 @@ def test_a_decode_local_turns_hold_is_freed_by_prefills_read(topo: LocalTopology
         assert time.monotonic() < deadline, "prefill read the hold, decode still holds it"
         time.sleep(0.5)
     assert f"unrecognized request {hold}" not in log.read_text()
+
+
+def test_decode_answers_its_requests_in_flight_on_the_load_route(topo: LocalTopology) -> None:
+    """What the router's decode-local rule reads instead of rendering vLLM's /metrics."""
+    decode = topo.engine_urls["decode"][0]
+
+    def in_flight() -> int:
+        with urllib.request.urlopen(decode + load.PATH, timeout=10) as resp:
+            return load.LoadAnswer.model_validate_json(resp.read()).requests
+
+    assert in_flight() == 0
+    body = {"model": "pdx-tiny", "prompt": hold_prompt("mu"), "max_tokens": 400, "ignore_eos": True}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(post, decode + "/v1/completions", body)
+        seen = 0
+        while not answer.done() and not seen:
+            seen = in_flight()
+        assert answer.result()["choices"][0]["text"] is not None
+    assert seen == 1 and in_flight() == 0

@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from pdx_contract import load as load_contract
 from pdx_router.policy import local
 
 from .conftest import Stack, StackFactory
@@ -183,6 +184,42 @@ async def test_a_long_suffix_looks_again_at_a_decode_a_stale_scrape_found_busy_w
     await asyncio.sleep(local.FRESH_S)  # past the look the last turn took
     after, _, _ = await turn(http, s, [*msgs, user(TOOL_OUTPUT)], "c1")  # the health check's scrape still says 1
     assert (beside, after) == ("hit", "local")
+
+
+async def test_a_decode_with_pdx_s_load_route_is_asked_its_load_there_not_in_its_metrics(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    """The fresh look of the test above, against a decode that answers GET /v1/pdx/load: its
+    /metrics (vLLM renders every metric for it) is read once, for the block size."""
+    s = await make_stack(
+        decode_opts={"token_delay": 0.05, "output_tokens": 20, "load_route": True},
+        decode_local_idle_max_tokens=4096,
+        **LOCAL_ON,
+    )
+    _, _, msgs = await turn(http, s, [user(LONG)], "c1")
+    direct = asyncio.create_task(chat(http, s.decode_urls[0], [user("not the router's")], conversation=None))
+    await asyncio.sleep(0.2)
+    await s.router.discovery.check_all()
+    decode = next(ep for ep in s.router.pool.endpoints if ep.role == "decode")
+    assert decode.load_route is True and decode.others_load == 1
+    await asyncio.sleep(local.FRESH_S)
+    looks = s.decode.asked[load_contract.PATH]
+    beside, _, msgs = await turn(http, s, [*msgs, user(TOOL_OUTPUT)], "c1")
+    assert (await direct)[0] == 200 and s.decode.asked[load_contract.PATH] == looks + 1  # the fresh look
+    assert beside == "hit" and s.decode.asked["/metrics"] == 1
+
+
+async def test_a_decode_without_the_load_route_is_read_from_its_metrics_from_then_on(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    s = await idle_bound_stack(make_stack)  # the fake's route is off: 404, as a vLLM without pdx's plugin
+    await turn(http, s, [user(LONG)], "c1")
+    decode = next(ep for ep in s.router.pool.endpoints if ep.role == "decode")
+    metrics_before = s.decode.asked["/metrics"]
+    await s.router.discovery.check_all()
+    await s.router.discovery.check_all()
+    assert decode.load_route is False and decode.others_load == 0
+    assert s.decode.asked["/metrics"] == metrics_before + 2
 
 
 async def test_a_local_turn_the_decode_fails_goes_through_prefill_once(

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from pdx_contract import holds as holds_contract
 from pdx_contract import kv_prefix
+from pdx_contract import load as load_contract
 from pdx_router.chat_tokens import ChatTokenizer
 
 EOS = 2
@@ -197,6 +198,7 @@ class EngineOptions:
     # `release` drops an unclaimed hold as memory pressure would. Off: the route is absent.
     valve: bool = False
     notes_releases: bool = True  # each held turn's answer names the latest releases (ReleasedNote)
+    load_route: bool = False  # as pdx's engine plugin: GET /v1/pdx/load answers the requests running
 
 
 class FakeEngine:
@@ -207,6 +209,7 @@ class FakeEngine:
         self.auth: list[str | None] = []  # each request's Authorization header, in order
         self.cancelled = 0
         self.running = 0  # requests being served, exported as vllm:num_requests_running
+        self.asked: Counter[str] = Counter()  # GETs of /metrics and the load route
         self.healthy = True
         self.releases = 0  # under pressure (`release`)
         self.released: list[str] = []  # in release order (any kind): the answers' `released` after `since`
@@ -225,6 +228,8 @@ class FakeEngine:
         r.add_get("/v1/models", self.models)
         if opts.valve:
             r.add_post(holds_contract.PATH, self.holds)
+        if opts.load_route:
+            r.add_get(load_contract.PATH, self.load)
 
     # ------------------------------------------------------------ helpers
 
@@ -335,7 +340,12 @@ class FakeEngine:
     async def health(self, _req: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)
 
+    async def load(self, _req: web.Request) -> web.Response:
+        self.asked[load_contract.PATH] += 1
+        return self.json_response(load_contract.LoadAnswer(requests=self.running).to_json())
+
     async def metrics(self, _req: web.Request) -> web.Response:
+        self.asked["/metrics"] += 1
         text = (
             "# TYPE vllm:cache_config_info gauge\n"
             f'vllm:cache_config_info{{block_size="{self.cluster.block_size}",'
