@@ -283,8 +283,9 @@ class Router:
         assert prefill is not None
         plan = await self._plan(ask, gen, prefill) if ask.conversational else reuse.NO_CONVERSATION
         attempt = retry.first_attempt(plan)
-        holder = await self._local_decode(ask, plan, gen)
-        if holder is not None:
+        local_turn = await self._local_decode(ask, plan, gen)
+        if local_turn is not None:
+            holder, pinned = local_turn
             attempt = retry.local_attempt(plan)
             try:
                 return await self._decode_local(req, ask, attempt, holder, started)
@@ -297,6 +298,9 @@ class Router:
                     holder.healthy = False
                 log.info("local turn failed on %s (%s); through prefill instead", holder.url, exc.status)
                 attempt = fallback.attempt
+            finally:
+                if pinned is not None:
+                    self._drop_claim(pinned, ask)
         # A turn that would claim a hold waits for its prefill first (claim_gate.py): unclaimed,
         # and asked again as the queue moves (decode may release the hold meanwhile).
         keeper, kv = holds.holder(self.pool.endpoints, attempt.plan.affinity), attempt.kv
@@ -402,9 +406,12 @@ class Router:
     async def _send_drops(self, decode: Endpoint, drops: list[str], headers: dict[str, str]) -> None:
         await holds_call(self.upstream, decode, [], drops, headers)
 
-    async def _local_decode(self, ask: ClientRequest, plan: TurnPlan, gen: str) -> Endpoint | None:
+    async def _local_decode(
+        self, ask: ClientRequest, plan: TurnPlan, gen: str
+    ) -> tuple[Endpoint, Pinned | None] | None:
         """The decode to prefill this turn on, if `local.decide` says so (each turn it could
-        have taken but did not is counted, by why)."""
+        have taken but did not is counted, by why), and the claim on its hold when it took one
+        (`_claim_local`)."""
         rule = self.local_rule
         if rule.max_tokens <= 0 or plan.outcome is not Outcome.HIT:
             return None
@@ -420,10 +427,39 @@ class Router:
         if holder is not None and local.worth_a_fresh_look(suffix, holder, rule, time.monotonic()):
             await self.discovery.fresh_load(holder)
             why = local.decide(plan, suffix, holder, rule)
-        if why is not local.Why.LOCAL:
+        pinned = None
+        if why is local.Why.LOCAL and holder is not None and holds.pressed(holder, time.monotonic()):
+            pinned, why = await self._claim_local(ask, plan, suffix, holder, rule)
+        if why is not local.Why.LOCAL or holder is None:
             self.metrics.local_skipped(why)
             return None
-        return holder
+        return holder, pinned
+
+    async def _claim_local(
+        self, ask: ClientRequest, plan: TurnPlan, suffix: int | None, holder: Endpoint, rule: local.Rule
+    ) -> tuple[Pinned | None, local.Why]:
+        """A local turn on a pressed decode (`holds.pressed`) claims its hold first and is decided
+        again on the answer: a hold decode released goes through prefill as `released`, a
+        shortened one as `local.decide` says with what decode kept; a held one is pinned until
+        the turn ends, so that it is not given up between this answer and decode scheduling the
+        turn. Without a hold to name, or a claim decode cannot answer, the turn goes as decided."""
+        hold = holds.claimable(plan.kv, holder)
+        if hold is None:
+            return None, local.Why.LOCAL
+        drops = self.drops.take(holder, ask.headers)
+        status, answer = await holds_call(self.upstream, holder, [hold], drops, ask.headers)
+        claim = holds.read(hold, status, answer)
+        self.metrics.claim(claim)
+        if claim is Claim.NO_VALVE and status in (404, 405):
+            holder.claims = False
+        if claim is Claim.GONE and holder.released.get(hold) is not True:  # not superseded: its blocks may be gone
+            return None, local.Why.RELEASED
+        why = local.decide(plan, suffix, holder, rule)  # with what the answer said decode kept
+        pinned = (holder, hold) if claim is Claim.HELD else None
+        if pinned is not None and why is not local.Why.LOCAL:
+            self._drop_claim(pinned, ask)
+            pinned = None
+        return pinned, why
 
     async def _decode_local(
         self, req: Request, ask: ClientRequest, attempt: Attempt, decode: Endpoint, started: float

@@ -29,6 +29,7 @@ log = logging.getLogger("pdx_router.claims")
 
 FLUSH_SECONDS = 1.0
 
+
 async def holds_call(
     upstream: Upstream, decode: Endpoint, claim: list[str], drops: list[str], headers: dict[str, str]
 ) -> tuple[int, HoldsAnswer | None]:
@@ -48,7 +49,7 @@ async def holds_call(
         return 200, None
     answer = holds.parse(status, body)
     if answer is not None:
-        decode.note_releases(answer.released, answer.seq, covered=answer.covered)
+        decode.note_releases(answer.released, answer.seq, covered=answer.covered, kept=answer.kept)
         decode.held_kv = answer
     return status, answer
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from pdx_contract.endpoints import Role
@@ -36,6 +37,7 @@ class Endpoint:
     # requests on it that are not this router's (other replicas'), as its load was last asked
     others_load: int | None = None
     load_seen: float = 0.0  # time.monotonic() when its load was last asked (policy.local.FRESH_S)
+    pressed_at: float = 0.0  # time.monotonic() when it last named a release or shortening new to this router
     load_route: bool | None = None  # answers GET /v1/pdx/load (pdx_contract.load); False: no, read /metrics
 
     def note_releases(
@@ -49,13 +51,20 @@ class Endpoint:
         """Holds this decode says it released early (its answer to a claim, or a note in a turn's
         answer naming those after `since`; `covered`: those a younger hold covers): their turns
         go plain at once, without a claim. The next claim asks for those after `seq` only when
-        nothing between is missing. `kept`: holds it shortened, and the tokens it still keeps."""
+        nothing between is missing. `kept`: holds it shortened, and the tokens it still keeps.
+        A release or a shortening not heard of before, other than a superseded hold's, marks the
+        decode pressed (`pressed_at`, `policy.holds.pressed`)."""
         covers = set(covered or ())
+        kept = kept or {}
+        if any(h not in covers and h not in self.released for h in holds) or any(
+            self.kept.get(h) != t for h, t in kept.items()
+        ):
+            self.pressed_at = time.monotonic()
         for hold in holds:
             self.released[hold] = hold in covers
         while len(self.released) > KNOWN_RELEASES:
             del self.released[next(iter(self.released))]
-        for hold, tokens in (kept or {}).items():
+        for hold, tokens in kept.items():
             self.kept.pop(hold, None)
             self.kept[hold] = tokens
         while len(self.kept) > KNOWN_RELEASES:

@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from pdx_contract import holds as holds_contract
 from pdx_contract import load as load_contract
 from pdx_router.policy import local
 
@@ -262,3 +263,50 @@ async def test_a_hold_its_decode_said_it_released_goes_through_prefill_not_local
     assert [lp.cached > 0 for lp in s.cluster.locals] == [True]  # b's local turn only
     assert prefill_turns(s) == 3
     assert 'pdx_router_decode_local_skipped_total{why="released"} 1.0' in await metrics(http, s)
+
+
+def claims_made(s: Stack) -> list[list[str]]:
+    """The holds each claim on the decode named (its health checks' polls name none)."""
+    return [body["claim"] for path, body in s.decode.requests if path == holds_contract.PATH and body["claim"]]
+
+
+async def test_a_local_turn_on_a_pressed_decode_claims_its_hold_and_goes_released_if_decode_gave_it_up(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    """What the router last heard can be stale under pressure: decode may have given the hold's
+    blocks to other work since, and a local turn would then compute the whole history again in
+    decode's batch. The claim's answer is current."""
+    opts = {"checks_prefix": True, "valve": True}
+    s = await make_stack(prefill_opts=opts, decode_opts=opts, **LOCAL_ON)
+    _, _, a = await turn(http, s, [user("a " + LONG)], "a")
+    await turn(http, s, [user("b " + LONG)], "b")
+    _, _, c = await turn(http, s, [user("c " + LONG)], "c")
+    rid_a, rid_b, _ = (rid for (_, rid) in s.cluster.held)
+    assert s.decodes[0].release(rid_b)  # pressure the router hears of with c's next answer
+    second_c, _, _ = await turn(http, s, [*c, user("and then?")], "c")
+    assert second_c == "local"  # c's hold was not claimed: the decode was not pressed yet
+    assert claims_made(s) == []
+    assert s.decodes[0].release(rid_a)  # pressure again, unheard of: no answer names it yet
+    second_a, _, _ = await turn(http, s, [*a, user("and then?")], "a")
+    assert claims_made(s) == [[rid_a]]
+    assert second_a == "released"  # through prefill: decode is not asked to compute a's history
+    assert [lp.cached > 0 for lp in s.cluster.locals] == [True]  # c's local turn only
+    assert 'pdx_router_decode_local_skipped_total{why="released"} 1.0' in await metrics(http, s)
+
+
+async def test_a_local_turn_on_a_pressed_decode_keeps_its_hold_claimed_until_the_turn_ends(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    opts = {"checks_prefix": True, "valve": True}
+    s = await make_stack(prefill_opts=opts, decode_opts=opts, **LOCAL_ON)
+    _, _, a = await turn(http, s, [user("a " + LONG)], "a")
+    await turn(http, s, [user("b " + LONG)], "b")
+    rid_a, rid_b = (rid for (_, rid) in s.cluster.held)
+    assert s.decodes[0].release(rid_b)
+    await s.router.discovery.check_all()  # its holds poll names the release: pressed
+    second_a, _, _ = await turn(http, s, [*a, user("and then?")], "a")
+    assert second_a == "local" and claims_made(s) == [[rid_a]]
+    assert s.cluster.claims[("decode-0", rid_a)] == 1  # pinned through the turn; the drop goes after it
+    await asyncio.sleep(1.5)  # the drop's flush (claims.FLUSH_SECONDS)
+    assert s.cluster.claims[("decode-0", rid_a)] == 0
+    assert [lp.cached > 0 for lp in s.cluster.locals] == [True]

@@ -25,6 +25,8 @@ from ..tokens import infer_block_size
 from . import Outcome
 from .retry import Attempt
 
+PRESSED_S = 30.0  # a decode that gave up held KV this recently is under pressure (`pressed`)
+
 
 class Claim(Enum):
     """Decode's answer to a claim, as the turn reads it."""
@@ -83,6 +85,17 @@ def would_claim(kv: dict[str, Any] | None, decode: Endpoint | None) -> bool:
     may claim, not already known released."""
     hold = claimable(kv, decode)
     return hold is not None and decode is not None and not known_released(decode, hold)
+
+
+def pressed(decode: Endpoint, now: float) -> bool:
+    """Whether `decode` gave up held KV under pressure in the last PRESSED_S (`Endpoint.pressed_at`,
+    time.monotonic()). Then what the router last heard of a hold may be stale by the time a turn
+    reaches decode, so a decode-local turn claims its hold first (`Router._claim_local`): the
+    answer is current, and the claim keeps the hold until the turn has it. On the H200's
+    overcommit point (`docs/results/h200-2026-12-06h-wave`) local turns on holds decode had just
+    given up took 0.9-4.2 s where the others took 67 ms: decode computed their whole history again
+    in its own batch (prompt throughput 10-13k tokens/s, its prefix-cache hit rate 91% -> 57%)."""
+    return decode.pressed_at > 0 and now - decode.pressed_at < PRESSED_S
 
 
 def known_released(decode: Endpoint, hold: str | None) -> bool:
