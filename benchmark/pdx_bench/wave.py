@@ -54,10 +54,10 @@ from .workload import AGENTIC, SuffixMix, TokenCounter, WorkloadSpec
 OFF = Leg("off", (("kvTransfer.bidirectional", False),))
 ON = Leg("on", (("kvTransfer.bidirectional", True),))
 DP = Leg("dp", (("kvTransfer.bidirectional", True), ("router.decodeLocalMaxTokens", 0)))
-# ON with decode's holds released whole under pressure, as before shortening became the default
-# (pdx_engine.held_kv.shorten_from_env): what shortening changes at the overcommit point. Its own
+# ON with decode's holds shortened under pressure (`PDX_HELD_KV_SHORTEN=1`; whole is the default,
+# pdx_engine.held_kv.shorten_from_env): what shortening changes at the overcommit point. Its own
 # engines (an engine setting): one more start.
-WHOLE = Leg("on-whole", (("kvTransfer.bidirectional", True), ("decode.env.PDX_HELD_KV_SHORTEN", "0")))
+SHORTENED = Leg("on-shortened", (("kvTransfer.bidirectional", True), ("decode.env.PDX_HELD_KV_SHORTEN", "1")))
 CORRECT = "correct"  # scripts/gpu-correct.sh: run by the shell script, its time reserved here
 CORRECT_WHAT = "scripts/gpu-correct.sh: greedy output ON == OFF on the seeded model, edited histories, plugins"
 
@@ -267,7 +267,7 @@ def _parts_gpu() -> tuple[Part, ...]:
         Part("load", "8 clients, 16 conversations at 16k, OFF and ON",
              (ON, OFF), (16000,), replace(base, conversations=16, concurrency=8, seed=4), bound=False),
         Part("overcommit", "12 live conversations of their own 16k prefix: about 2x decode's KV, the valve's point; "
-             "ON also with holds released whole", (ON, WHOLE, OFF), (16000,),
+             "ON also with holds shortened", (ON, SHORTENED, OFF), (16000,),
              replace(base, think_time_s=2.0, shared_prefix=False, seed=5),
              live=(12,), bound=False),
     )  # fmt: skip
@@ -290,8 +290,8 @@ def _parts_cpu() -> tuple[Part, ...]:
              replace(base, seed=3), suffixes=(32,), bound=False, background=BackgroundSpec(1, 16, 64)),
         Part("load", "2 clients", (ON, OFF), (512,), replace(base, conversations=4, concurrency=2, seed=4),
              bound=False),
-        Part("overcommit", "3 live conversations of their own prefix, ON also with whole holds",
-             (ON, WHOLE, OFF), (1024,),
+        Part("overcommit", "3 live conversations of their own prefix, ON also with shortened holds",
+             (ON, SHORTENED, OFF), (1024,),
              replace(base, think_time_s=1.0, shared_prefix=False, seed=5), live=(3,), bound=False),
     )  # fmt: skip
 

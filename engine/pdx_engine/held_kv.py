@@ -6,9 +6,9 @@ new requests wait for the TTL (minutes). With this plugin, whenever the schedule
 allocate blocks for a request (admission, a P->D read's landing, a local turn, a running
 request's growth), it first releases held turns until the request fits, those whose
 conversations come back last first (`Holds.victim`); only then does vLLM wait or preempt as
-before. A hold gives up only what the request lacks, from its tail (`shorten`): the rest stays
-readable, and prefill reads that prefix and computes the remainder; ``PDX_HELD_KV_SHORTEN=0``
-releases holds whole instead (`shorten_from_env` says why shortening is the default).
+before. A hold goes whole (the default), or with ``PDX_HELD_KV_SHORTEN=1`` gives up only what
+the request lacks, from its tail (`shorten`): the rest stays readable, and prefill reads that
+prefix and computes the remainder (`shorten_from_env` says why whole is the default).
 
 Safety does not rest on a clock: a hold is released only while no router claims it
 (`pdx_contract.holds`). The router claims a hold before attaching it to a prefill request and
@@ -78,17 +78,18 @@ def valve_from_env(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def shorten_from_env(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether a hold gives up only its tail under pressure (the default), or all of it.
+    """Whether a hold gives up only its tail under pressure, or all of it (the default).
 
-    On the CPU overcommit study, pooled over six runs of one tree side by side
-    (docs/results/cpu-2026-12-07-shortened-default), shortened holds reused 51% of the follow-ups
-    at 2x against whole holds' 32%, with TTFT p99 at 0.43x OFF's against 0.86x; at 4x, where
-    every follow-up recomputes either way, 0.89x against 0.66x; no request waited on held KV
-    in either. Whole holds were the default until then: the first study of shortening
-    (docs/results/cpu-2026-12-05-overcommit-shortened) saw requests wait with every hold claimed
-    and engines stall, before claims were leased, dropped after each prefill and gated. Where
-    shortened holds go unread (at 4x), decode stops shortening for a while (`Holds.shortening`)."""
-    return switch(SHORTEN_ENV, True, "1 (give up a hold's tail) or 0 (whole holds)", environ)
+    On the CPU overcommit study shortened holds reused more at 2x (51-53% of the follow-ups
+    against whole holds' 32-40%, six runs pooled twice, docs/results/cpu-2026-12-07-*) with no
+    request waiting on held KV, but whole holds had the lower tails (p99 0.69x OFF's at 2x and
+    0.84x at 4x, against 0.85x and 0.96x). On the GPU, where it matters, whole holds won at the
+    overcommit point: one H100 run side by side (docs/results/h100-2026-12-07-wave), p50 342 ms
+    against 2,858, p99 4,516 against 6,880 (OFF 7,131), no request waiting against 3: shortened
+    holds were released anyway (33 releases and 41 trims against 22 releases), and 18 follow-ups
+    recomputed against 15. Where shortened holds go unread, decode stops shortening for a while
+    (`Holds.shortening`)."""
+    return switch(SHORTEN_ENV, False, "1 (give up a hold's tail) or 0 (whole holds)", environ)
 
 
 def _number(raw: str) -> float:
@@ -473,9 +474,7 @@ def _shortfall(scheduler: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     return max(1, -(-tokens // size) - free)
 
 
-def wrap_allocate(
-    scheduler: Any, holds: Holds, allocate: Callable[..., Any], min_keep: int = 1
-) -> Callable[..., Any]:
+def wrap_allocate(scheduler: Any, holds: Holds, allocate: Callable[..., Any], min_keep: int = 1) -> Callable[..., Any]:
     """``allocate_slots`` that shortens unclaimed holds (`Holds.victim` first) before it returns
     None: a guess at what is missing first, then twice as much each time it is not enough."""
 

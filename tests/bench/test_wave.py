@@ -39,10 +39,10 @@ def test_the_gpu_plan_names_every_figure_of_the_wave_and_fits_25_minutes_of_mach
         (p.name, leg.name) for p in plan.parts for leg in p.legs
     )
     assert [(s.part, s.leg.name) for s in steps[:2]] == [("sweep", "off"), ("sweep", "on")]
-    # then every ON-side leg on the engines the sweep left, the OFF legs, then ON with whole holds on
-    # engines of its own: four starts in all, each set of engines started once
+    # then every ON-side leg on the engines the sweep left, the OFF legs, then ON with shortened holds
+    # on engines of its own: four starts in all, each set of engines started once
     assert plan.starts() == 4
-    assert [s.leg.name for s in steps if s.start] == ["off", "on", "off", "on-whole"]
+    assert [s.leg.name for s in steps if s.start] == ["off", "on", "off", "on-shortened"]
     # the arithmetic: legs, the first start and the later ones, correct's reserve, within the budget
     legs = sum(s.estimate_s for s in steps)
     costs = wave.GPU_COSTS
@@ -127,11 +127,11 @@ def test_the_whole_wave_on_fakes_four_engine_starts_each_part_packed_and_reporte
     plan, rc = _run(tmp_path)
     out = tmp_path / "out"
     assert rc == 0, (out / "wave.log").read_text()
-    # the engines started as planned: OFF, ON, OFF, ON with whole holds; every other leg kept the
-    # running ones
+    # the engines started as planned: OFF, ON, OFF, ON with shortened holds; every other leg kept
+    # the running ones
     assert [d["spec"]["kvTransfer"]["bidirectional"] for d in FakeTopology.started] == [False, True, False, True]
-    whole = [d["spec"].get("decode", {}).get("env", {}).get("PDX_HELD_KV_SHORTEN") for d in FakeTopology.started]
-    assert whole == [None, None, None, "0"]
+    shorten = [d["spec"].get("decode", {}).get("env", {}).get("PDX_HELD_KV_SHORTEN") for d in FakeTopology.started]
+    assert shorten == [None, None, None, "1"]
     assert all(d["spec"]["decode"]["extraArgs"] == ["--num-gpu-blocks-override", "24"] for d in FakeTopology.started)
     status = json.loads((out / "wave.json").read_text())
     assert [(s["part"], s["leg"]) for s in status["steps"]] == [(s.part, s.leg.name) for s in plan.steps()]

@@ -550,8 +550,8 @@ def test_by_default_a_hold_goes_whole() -> None:
     assert (answer.held, answer.released, answer.trims) == ([], ["a"], 0)
 
 
-@pytest.mark.parametrize(("raw", "on"), [("", True), ("1", True), ("0", False)])
-def test_shortening_is_on_unless_turned_off(raw: str, on: bool) -> None:
+@pytest.mark.parametrize(("raw", "on"), [("", False), ("1", True), ("0", False)])
+def test_holds_go_whole_unless_shortening_is_turned_on(raw: str, on: bool) -> None:
     assert held_kv.shorten_from_env({held_kv.SHORTEN_ENV: raw}) is on
 
 
