@@ -463,6 +463,19 @@ def supersede(scheduler: Any, holds: Holds, hold: str) -> None:
             release(scheduler, holds, other, pressure=False, covered=True)
 
 
+def let_covered_go(scheduler: Any, holds: Holds, dropped: list[str]) -> None:
+    """Holds whose claims were just dropped and that a younger hold covers go now, as superseded
+    (`supersede` passed them over while claimed): a decode-local turn on a pressed decode claims
+    the hold its turn extends (`pdx_router.policy.holds.pressed`), and by the time the drop comes
+    the turn's own hold covers it. Kept, such a hold would pin nothing of its own, yet count as
+    held KV and be picked as a victim that frees nothing."""
+    free = set(holds.unclaimed())
+    for old in dropped:
+        if old in free and any(new != old and _covers(scheduler, new, old) for new in holds.ids()):
+            holds.came_back(old)
+            release(scheduler, holds, old, pressure=False, covered=True)
+
+
 def _shortfall(scheduler: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
     """A first guess at the blocks a refused ``allocate_slots(request, num_new_tokens, ...)``
     lacks: the new tokens' blocks beyond the free ones (the valve doubles it if short)."""
@@ -633,6 +646,7 @@ def answer(scheduler: Any, request: contract.HoldsRequest) -> contract.HoldsAnsw
     if holds is None:  # not patched: claims cannot pin anything, so none is granted
         return contract.HoldsAnswer(valve=False)
     holds.release_claim(list(request.release_claim))
+    let_covered_go(scheduler, holds, list(request.release_claim))
     held = holds.claim(list(request.claim), leased=request.lease)
     if request.release_unclaimed:
         for hold in holds.unclaimed():

@@ -539,6 +539,30 @@ def test_a_claimed_hold_is_not_superseded_under_a_read(patched: type[FakeSchedul
     assert held_kv.answer(sched, contract.HoldsRequest(claim=["turn-1"])).held == ["turn-1"]
 
 
+def test_a_claimed_hold_a_younger_one_covers_goes_as_superseded_once_its_claim_is_dropped(
+    patched: type[FakeScheduler],
+) -> None:
+    """A decode-local turn on a pressed decode claims the hold it extends; its own hold covers
+    that one by the time the router drops the claim."""
+    sched = patched(blocks=20)
+    _finish_turn(sched, "turn-1", 2, tokens=[1, 2])
+    held_kv.answer(sched, contract.HoldsRequest(claim=["turn-1"]))
+    _turn_sharing(sched, "turn-2", "turn-1", shared=2, new=1, tokens=[1, 2, 3])
+    answer = held_kv.answer(sched, contract.HoldsRequest(release_claim=["turn-1"]))
+    assert answer.released == ["turn-1"] and answer.covered == ["turn-1"]
+    assert answer.releases == 0  # not pressure
+    assert held_kv.answer(sched, contract.HoldsRequest(claim=["turn-2"])).held == ["turn-2"]
+
+
+def test_a_dropped_claim_leaves_a_hold_no_younger_one_covers(patched: type[FakeScheduler]) -> None:
+    sched = patched(blocks=20)
+    _finish_turn(sched, "turn-1", 2, tokens=[1, 2])
+    held_kv.answer(sched, contract.HoldsRequest(claim=["turn-1"]))
+    answer = held_kv.answer(sched, contract.HoldsRequest(release_claim=["turn-1"]))
+    assert answer.released == [] and answer.claimed == 0
+    assert held_kv.answer(sched, contract.HoldsRequest(claim=["turn-1"])).held == ["turn-1"]
+
+
 def test_by_default_a_hold_goes_whole() -> None:
     module = types.ModuleType(held_kv.SCHEDULER)
     module.Scheduler = type("Scheduler", (FakeScheduler,), {})  # type: ignore[attr-defined]
