@@ -245,11 +245,16 @@ async def test_a_local_turn_whose_decode_is_gone_runs_plainly_on_another(
     assert outcome == "expired" and not s.cluster.reads
 
 
+async def valve_stack(make_stack: StackFactory) -> Stack:
+    """Decode-local on, over engines that check the prefix and run pdx's held-KV valve."""
+    opts = {"checks_prefix": True, "valve": True}
+    return await make_stack(prefill_opts=opts, decode_opts=opts, **LOCAL_ON)
+
+
 async def test_a_hold_its_decode_said_it_released_goes_through_prefill_not_local(
     make_stack: StackFactory, http: aiohttp.ClientSession
 ) -> None:
-    opts = {"checks_prefix": True, "valve": True}
-    s = await make_stack(prefill_opts=opts, decode_opts=opts, **LOCAL_ON)
+    s = await valve_stack(make_stack)
     _, _, a = await turn(http, s, [user("a " + LONG)], "a")
     _, _, b = await turn(http, s, [user("b " + LONG)], "b")
     rid_a = next(rid for (_, rid) in s.cluster.held)
@@ -276,8 +281,7 @@ async def test_a_local_turn_on_a_pressed_decode_claims_its_hold_and_goes_release
     """What the router last heard can be stale under pressure: decode may have given the hold's
     blocks to other work since, and a local turn would then compute the whole history again in
     decode's batch. The claim's answer is current."""
-    opts = {"checks_prefix": True, "valve": True}
-    s = await make_stack(prefill_opts=opts, decode_opts=opts, **LOCAL_ON)
+    s = await valve_stack(make_stack)
     _, _, a = await turn(http, s, [user("a " + LONG)], "a")
     await turn(http, s, [user("b " + LONG)], "b")
     _, _, c = await turn(http, s, [user("c " + LONG)], "c")
@@ -297,8 +301,7 @@ async def test_a_local_turn_on_a_pressed_decode_claims_its_hold_and_goes_release
 async def test_a_local_turn_on_a_pressed_decode_keeps_its_hold_claimed_until_the_turn_ends(
     make_stack: StackFactory, http: aiohttp.ClientSession
 ) -> None:
-    opts = {"checks_prefix": True, "valve": True}
-    s = await make_stack(prefill_opts=opts, decode_opts=opts, **LOCAL_ON)
+    s = await valve_stack(make_stack)
     _, _, a = await turn(http, s, [user("a " + LONG)], "a")
     await turn(http, s, [user("b " + LONG)], "b")
     rid_a, rid_b = (rid for (_, rid) in s.cluster.held)
