@@ -11,7 +11,7 @@
 # tpot (decode-local's TPOT against D->P at the default threshold), load (8 clients), overcommit
 # (one point past decode's KV), then correct (scripts/gpu-correct.sh). Four starts of the
 # benchmark's engines: the sweep's OFF, its ON (every ON-side leg on it), every OFF leg, then the
-# overcommit point's ON with holds released whole (decode's environment differs). Each
+# overcommit point's ON with shortened holds (decode's environment differs). Each
 # part lands in OUT/<part>/ and OUT/<part>.tgz as it ends (a later leg of it packs it again,
 # complete); then OUT/correct.tgz, and OUT/report.tgz with report.md (the sweep beside the seed's
 # p5en figures, every part's table, which card ran: nvidia-smi's name in OUT/gpu.txt).
