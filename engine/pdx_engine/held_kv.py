@@ -645,8 +645,9 @@ def answer(scheduler: Any, request: contract.HoldsRequest) -> contract.HoldsAnsw
     holds: Holds | None = getattr(scheduler, "_pdx_holds", None)
     if holds is None:  # not patched: claims cannot pin anything, so none is granted
         return contract.HoldsAnswer(valve=False)
-    holds.release_claim(list(request.release_claim))
-    let_covered_go(scheduler, holds, list(request.release_claim))
+    dropped = list(request.release_claim)
+    holds.release_claim(dropped)
+    let_covered_go(scheduler, holds, dropped)
     held = holds.claim(list(request.claim), leased=request.lease)
     if request.release_unclaimed:
         for hold in holds.unclaimed():

@@ -20,6 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from pdx_contract import headers as hdr
 from pdx_contract import kv_prefix
+from pdx_contract.holds import HoldsAnswer
 from pdx_contract.stats import Holding
 
 from . import answer
@@ -384,18 +385,24 @@ class Router:
         if holds.known_released(decode, hold):  # decode said so already: no call
             self.metrics.claim(Claim.GONE)
             return Claimed(holds.after_claim(attempt, Claim.GONE), None)
+        claim, answer = await self._claim_hold(decode, hold, ask)
+        if claim is Claim.UNREACHABLE:
+            decode.healthy = False  # until its next health check, as after a failed hop
+        pinned = (decode, hold) if claim is Claim.HELD else None
+        kept = answer.kept.get(hold) if answer is not None else None
+        expiry = answer.claim_expiry if answer is not None else None
+        return Claimed(holds.after_claim(attempt, claim, kept, expiry), pinned)
+
+    async def _claim_hold(self, decode: Endpoint, hold: str, ask: ClientRequest) -> tuple[Claim, HoldsAnswer | None]:
+        """Claim `hold` on `decode` (with the drops waiting for it), count decode's answer, and stop
+        asking a decode that has no route."""
         drops = self.drops.take(decode, ask.headers)
         status, answer = await holds_call(self.upstream, decode, [hold], drops, ask.headers)
         claim = holds.read(hold, status, answer)
         if claim is Claim.NO_VALVE and status in (404, 405):
             decode.claims = False  # no route: this engine runs no valve; stop asking it
-        elif claim is Claim.UNREACHABLE:
-            decode.healthy = False  # until its next health check, as after a failed hop
         self.metrics.claim(claim)
-        pinned = (decode, hold) if claim is Claim.HELD else None
-        kept = answer.kept.get(hold) if answer is not None else None
-        expiry = answer.claim_expiry if answer is not None else None
-        return Claimed(holds.after_claim(attempt, claim, kept, expiry), pinned)
+        return claim, answer
 
     def _drop_claim(self, pinned: Pinned, ask: ClientRequest) -> None:
         """Let decode release the hold again, off the turn's path (`claims`: with the next
@@ -446,12 +453,7 @@ class Router:
         hold = holds.claimable(plan.kv, holder)
         if hold is None:
             return None, local.Why.LOCAL
-        drops = self.drops.take(holder, ask.headers)
-        status, answer = await holds_call(self.upstream, holder, [hold], drops, ask.headers)
-        claim = holds.read(hold, status, answer)
-        self.metrics.claim(claim)
-        if claim is Claim.NO_VALVE and status in (404, 405):
-            holder.claims = False
+        claim, _ = await self._claim_hold(holder, hold, ask)
         if claim is Claim.GONE and holder.released.get(hold) is not True:  # not superseded: its blocks may be gone
             return None, local.Why.RELEASED
         why = local.decide(plan, suffix, holder, rule)  # with what the answer said decode kept

@@ -77,8 +77,7 @@ def suffix_messages(messages: Sequence[Any], history: History | None, turn: byte
 
 def estimate_tokens(messages: Sequence[Any]) -> int:
     """The tokens the messages render to, from their bytes (see BYTES_PER_TOKEN)."""
-    size = sum(len(canonical(m)) for m in messages)
-    return -(-size // BYTES_PER_TOKEN) + MESSAGE_TOKENS * (len(messages) + 1)
+    return _Sized(messages).estimate
 
 
 def upper_bound(messages: Sequence[Any]) -> int:
@@ -87,7 +86,18 @@ def upper_bound(messages: Sequence[Any]) -> int:
     may put in front); hence the canonical form's bytes, one, and the template's markers. (A
     normalizer that expands text, NFKC's ligatures, could pass it: a longer local prefill,
     never wrong KV.)"""
-    return sum(len(canonical(m)) for m in messages) + 1 + MESSAGE_TOKENS * (len(messages) + 1)
+    return _Sized(messages).bound
+
+
+class _Sized:
+    """The messages' canonical forms, taken once, and what their size says of their tokens."""
+
+    def __init__(self, messages: Sequence[Any]) -> None:
+        self.forms = [canonical(m) for m in messages]
+        self.markers = MESSAGE_TOKENS * (len(messages) + 1)
+        size = sum(len(f) for f in self.forms)
+        self.estimate = -(-size // BYTES_PER_TOKEN) + self.markers
+        self.bound = size + 1 + self.markers
 
 
 def count_tokens(messages: Sequence[Any], count: Callable[[str], int] | None, cap: int, sure: int = 0) -> int:
@@ -96,14 +106,12 @@ def count_tokens(messages: Sequence[Any], count: Callable[[str], int] | None, ca
     too long to go local whatever the count. Messages whose `upper_bound` is at most `sure`
     (`sure_local`) are not tokenized either: the bound decides as the count would. On the H200
     the count of a 2k-token tool output took 4-5 ms of the turn's 90-120, 26 ms at 8k."""
-    bound = upper_bound(messages)
-    if bound <= sure:
-        return bound
-    estimate = estimate_tokens(messages)
-    if count is None or estimate >= 2 * cap:
-        return estimate
-    text = "".join(canonical(m).decode() for m in messages)
-    return count(text) + MESSAGE_TOKENS * (len(messages) + 1)
+    sized = _Sized(messages)
+    if sized.bound <= sure:
+        return sized.bound
+    if count is None or sized.estimate >= 2 * cap:
+        return sized.estimate
+    return count(b"".join(sized.forms).decode()) + sized.markers
 
 
 def exact_suffix(plan: TurnPlan) -> int | None:
@@ -154,7 +162,12 @@ def sure_local(plan: TurnPlan, holder: Endpoint | None, rule: Rule) -> int:
     if holder is None or rule.max_tokens <= 0:
         return 0
     limit = max(rule.max_tokens, rule.idle_max_tokens) if busy(holder) == 0 else rule.max_tokens
-    return max(0, limit - holds.tokens_given_up(holder, holds.hold_id(plan.kv), plan.reused_tokens))
+    return max(0, limit - _lost_tail(plan, holder))
+
+
+def _lost_tail(plan: TurnPlan, holder: Endpoint) -> int:
+    """Of what the plan reads of decode's hold, the tokens decode gave up by shortening it."""
+    return holds.tokens_given_up(holder, holds.hold_id(plan.kv), plan.reused_tokens)
 
 
 def decide(plan: TurnPlan, suffix_tokens: int | None, holder: Endpoint | None, rule: Rule) -> Why:
@@ -179,7 +192,7 @@ def decide(plan: TurnPlan, suffix_tokens: int | None, holder: Endpoint | None, r
     # A hold decode shortened under pressure: its prefix cache lost the tail, which a local turn
     # would compute again in decode's batch; through prefill, the claim cuts the read to the kept
     # prefix and prefill computes the rest.
-    lost = holds.tokens_given_up(holder, holds.hold_id(plan.kv), plan.reused_tokens)
+    lost = _lost_tail(plan, holder)
     why = _by_size(suffix_tokens + lost, holder, rule)
     if lost and why is not Why.LOCAL and _by_size(suffix_tokens, holder, rule) is Why.LOCAL:
         return Why.SHORTENED
