@@ -801,3 +801,38 @@ def test_a_held_turns_answer_names_the_latest_early_releases(shape: str) -> None
     sched.kv_cache_manager.free("grow")
     note = contract.ReleasedNote.model_validate(finish("e")[contract.RELEASED_KV])  # no release: named for d's cut
     assert (note.seq, note.released, note.kept) == (0, [], {"d": 2})
+
+
+def _round_robin_reuse(n: int, room: int, rounds: int, choose: Any) -> float:
+    """Turns of `n` round-robin agents on a decode with room for `room` conversations' KV, the
+    running turn's included: the share of later turns that find their hold. `choose(holds,
+    upcoming)` names the hold to release when the running turn needs room."""
+    clock = Clock()
+    holds = Holds(clock=clock)
+    order = [f"c{i}" for i in range(n)] * rounds
+    reused = 0
+    for at, name in enumerate(order):
+        clock.now += 1.0
+        if name in holds:
+            reused += at >= n
+            holds.claim([name])
+            holds.finished({name})  # read by its next turn: the turn runs in its place
+        while len(holds.ids()) >= room:
+            holds.released(choose(holds, order[at + 1 :]))
+        holds.add(name)
+    return reused / (len(order) - n)
+
+
+def _belady(holds: Holds, upcoming: list[str]) -> str:
+    """The hold whose conversation comes back last (the best any choice can do)."""
+    return max(holds.ids(), key=lambda h: upcoming.index(h) if h in upcoming else len(upcoming))
+
+
+@pytest.mark.parametrize(("n", "room"), [(4, 2), (4, 3), (8, 3), (12, 7)])
+def test_on_round_robin_agents_the_valve_reuses_as_many_turns_as_beladys_choice(n: int, room: int) -> None:
+    valve = _round_robin_reuse(n, room, 20, lambda holds, _: holds.victim())
+    best = _round_robin_reuse(n, room, 20, _belady)
+    oldest_first = _round_robin_reuse(n, room, 20, lambda holds, _: holds.ids()[0])
+    assert valve == pytest.approx(best)
+    assert best == pytest.approx((room - 1) / (n - 1), abs=0.02)  # the bound the overcommit points meet
+    assert oldest_first == 0.0  # least recently used releases exactly the hold whose turn is next
