@@ -235,15 +235,16 @@ class Holds:
                 if self._held[hold] == 0:
                     self._pinned_until.pop(hold, None)
 
-    def refused(self, request_id: str) -> None:
+    def refused(self, request_id: str) -> bool:
         """A request found no room: counted once if held KV was there to blame (the valve off,
-        or every hold claimed)."""
+        or every hold claimed). True when counted now."""
         if not self._held or request_id in self._waited:
-            return
+            return False
         self._waited[request_id] = None
         if len(self._waited) > WAITED_KEPT:
             self._waited.popitem(last=False)
         self.waited += 1
+        return True
 
     def typical_gap(self) -> float | None:
         """The median gap between a turn's end and its conversation's next claim, once measured."""
@@ -487,6 +488,22 @@ def _shortfall(scheduler: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     return max(1, -(-tokens // size) - free)
 
 
+def _log_wait(scheduler: Any, holds: Holds, request_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Say once why a request waits with held KV present, so a wait in a benchmark's count can be
+    told apart in decode's log: the valve off, or every hold claimed (reads in flight, local turns
+    pinned), and how far the held blocks would have gone towards its need."""
+    pool = scheduler.kv_cache_manager.block_pool
+    why = "the valve is off" if not holds.valve else f"all {holds.claimed()} holds are claimed"
+    logger.info(
+        "pdx plugin: request %s waits for blocks with held KV present (%s): about %d blocks short, %d free, %d held",
+        request_id,
+        why,
+        _shortfall(scheduler, args, kwargs),
+        int(pool.get_num_free_blocks()),
+        held_blocks(scheduler, holds),
+    )
+
+
 def wrap_allocate(scheduler: Any, holds: Holds, allocate: Callable[..., Any], min_keep: int = 1) -> Callable[..., Any]:
     """``allocate_slots`` that shortens unclaimed holds (`Holds.victim` first) before it returns
     None: a guess at what is missing first, then twice as much each time it is not enough."""
@@ -499,8 +516,8 @@ def wrap_allocate(scheduler: Any, holds: Holds, allocate: Callable[..., Any], mi
             shorten(scheduler, holds, hold, step, min_keep)
             blocks = allocate(request, *args, **kwargs)
             step *= 2
-        if blocks is None:
-            holds.refused(request.request_id)
+        if blocks is None and holds.refused(request.request_id):
+            _log_wait(scheduler, holds, request.request_id, args, kwargs)
         return blocks
 
     return allocate_slots

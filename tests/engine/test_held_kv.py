@@ -298,7 +298,10 @@ def test_a_request_refused_with_nothing_held_is_not_blamed_on_held_kv() -> None:
     assert holds.waited == 0
 
 
-def test_a_claimed_hold_is_never_released_and_the_request_then_waits(patched: type[FakeScheduler]) -> None:
+def test_a_claimed_hold_is_never_released_and_the_request_then_waits(
+    patched: type[FakeScheduler], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="vllm.pdx_plugin")
     sched = patched(blocks=6)
     _finish_turn(sched, "read-in-flight", 3)
     _finish_turn(sched, "idle", 3)
@@ -308,6 +311,11 @@ def test_a_claimed_hold_is_never_released_and_the_request_then_waits(patched: ty
     assert sched.kv_cache_manager.allocate_slots(big, 6) is None  # the next step: counted once
     assert "read-in-flight" in sched.requests and "idle" not in sched.requests
     assert held_kv.answer(sched, contract.HoldsRequest()).waited == 1
+    waits = [r.getMessage() for r in caplog.records if "waits for blocks" in r.getMessage()]
+    assert waits == [
+        "pdx plugin: request big waits for blocks with held KV present (all 1 holds are claimed):"
+        " about 3 blocks short, 3 free, 3 held"
+    ]  # said once, with what decode's log needs to tell the wait apart
     held_kv.answer(sched, contract.HoldsRequest(release_claim=["read-in-flight"]))
     assert sched.kv_cache_manager.allocate_slots(big, 6) is not None
 
