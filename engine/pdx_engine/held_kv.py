@@ -488,17 +488,16 @@ def _shortfall(scheduler: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     return max(1, -(-tokens // size) - free)
 
 
-def _log_wait(scheduler: Any, holds: Holds, request_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def _log_wait(scheduler: Any, holds: Holds, request_id: str) -> None:
     """Say once why a request waits with held KV present, so a wait in a benchmark's count can be
     told apart in decode's log: the valve off, or every hold claimed (reads in flight, local turns
-    pinned), and how far the held blocks would have gone towards its need."""
+    pinned), with the free and the held blocks then."""
     pool = scheduler.kv_cache_manager.block_pool
     why = "the valve is off" if not holds.valve else f"all {holds.claimed()} holds are claimed"
     logger.info(
-        "pdx plugin: request %s waits for blocks with held KV present (%s): about %d blocks short, %d free, %d held",
+        "pdx plugin: request %s waits for blocks with held KV present (%s): %d blocks free, %d held",
         request_id,
         why,
-        _shortfall(scheduler, args, kwargs),
         int(pool.get_num_free_blocks()),
         held_blocks(scheduler, holds),
     )
@@ -517,7 +516,7 @@ def wrap_allocate(scheduler: Any, holds: Holds, allocate: Callable[..., Any], mi
             blocks = allocate(request, *args, **kwargs)
             step *= 2
         if blocks is None and holds.refused(request.request_id):
-            _log_wait(scheduler, holds, request.request_id, args, kwargs)
+            _log_wait(scheduler, holds, request.request_id)
         return blocks
 
     return allocate_slots
