@@ -219,6 +219,9 @@ GPU_BLOCK_SIZE = 128
 GPU_DECODE_LOCAL_MAX_TOKENS = 1024
 # router.decodeLocalIdleMaxTokens unset, on GPUs (RouterSpec.decode_local_idle_max_tokens says why).
 GPU_DECODE_LOCAL_IDLE_MAX_TOKENS = 8192
+# router.claimQueueTokens unset, on GPUs and on CPUs (RouterSpec.claim_queue_tokens says why).
+GPU_CLAIM_QUEUE_TOKENS = 32768
+CPU_CLAIM_QUEUE_TOKENS = 2048
 
 # kv_lease_duration (vLLM 0.32 nixl/base_scheduler.py, base_worker.py): decode heartbeats every
 # lease // 6 s, each renewal holds prefill's blocks lease * 2 // 3 s from its arrival.
@@ -401,13 +404,16 @@ class RouterSpec(_Spec):
     during the local prefill waits for it (for a chunk of it). 0: off; at least
     decodeLocalMaxTokens when set; decode-local off turns it off too. Unset: 8192 on GPUs, 0 on
     CPU (where decode's prefill is slower than prefill's, docs/router.md)."""
-    claim_queue_tokens: int = Field(default=32768, ge=0, le=1 << 30)
+    claim_queue_tokens: int | None = Field(default=None, ge=0, le=1 << 30)
     """A follow-up turn that reads decode's held KV claims it (pins it against release under
     pressure) only once its prefill has at most this many prompt tokens of the router's requests
     still to compute (estimated from their bodies' size); until then it waits in the router, its
     hold still releasable. Claimed on arrival instead (set it very high), a turn queued behind
     long prefills pins its hold for the whole wait, and a decode full of such holds makes new
-    work wait (docs/results/h100-2026-12-05-wave)."""
+    work wait (docs/results/h100-2026-12-05-wave). It stands for about a second of prefill's
+    work. Unset: 32768 on GPUs, 2048 on CPU, where prefill computes a few thousand tokens a
+    second: with 32768 CPU claims pinned holds for seconds and requests waited behind them at
+    3.9x overcommit (docs/results/cpu-2026-12-07c-prefill-uncached)."""
     prefill_affinity: bool | None = None
     """Send every turn of a conversation to one prefill (rendezvous hashing of its id, else of its
     messages through the first user message), so that prefill's prefix cache may still hold its
@@ -618,6 +624,12 @@ class DisaggregatedInferenceSpec(_Spec):
         if self.router.decode_local_idle_max_tokens is not None:
             return self.router.decode_local_idle_max_tokens
         return GPU_DECODE_LOCAL_IDLE_MAX_TOKENS if self.kv_buffer_device == "cuda" else 0
+
+    @property
+    def claim_queue_tokens(self) -> int:
+        if self.router.claim_queue_tokens is not None:
+            return self.router.claim_queue_tokens
+        return GPU_CLAIM_QUEUE_TOKENS if self.kv_buffer_device == "cuda" else CPU_CLAIM_QUEUE_TOKENS
 
     @property
     def prefill_affinity(self) -> bool:

@@ -129,3 +129,10 @@ def test_an_idle_bound_below_the_busy_one_is_refused_with_the_field_and_the_fix(
     with pytest.raises(SpecError, match=r"router\.decodeLocalIdleMaxTokens below decodeLocalMaxTokens.*at least"):
         target(spec__router__decodeLocalMaxTokens=1024, spec__router__decodeLocalIdleMaxTokens=512)
     assert target(spec__router__decodeLocalMaxTokens=1024, spec__router__decodeLocalIdleMaxTokens=0)
+
+
+def test_claims_wait_for_about_a_second_of_prefill_work_on_gpus_and_on_cpu() -> None:
+    gpu, cpu = target(), target(ROOT / "examples" / "local-cpu.yaml")
+    assert router_config(gpu, "g").claim_queue_tokens == 32768
+    assert router_config(cpu, "g").claim_queue_tokens == 2048  # CPU prefill computes thousands a second
+    assert router_config(target(spec__router__claimQueueTokens=0), "g").claim_queue_tokens == 0
