@@ -23,6 +23,9 @@ class DnsConfig(Document):
 
 # The store's default byte bound: ~8,000 conversations of 16k tokens.
 DEFAULT_STORE_BYTES = 512 * 1024 * 1024
+# The claim gate's budget in prompt tokens, about a second of a GPU prefill's work; the operator
+# renders less for CPU engines (pdx.spec.CPU_CLAIM_QUEUE_TOKENS).
+CLAIM_QUEUE_TOKENS = 32768
 
 
 class StoreConfig(Document):
@@ -113,7 +116,7 @@ class RouterConfig(Document):
     """While that decode has nothing in flight (the same count), a turn of up to this many new
     tokens goes local too: an idle decode delays nobody. Below decode_local_max_tokens it changes
     nothing; decode-local off (0 above) turns it off too."""
-    claim_queue_tokens: int = Field(default=32768, ge=0)
+    claim_queue_tokens: int = Field(default=CLAIM_QUEUE_TOKENS, ge=0)
     """A turn that reads held KV claims its hold only once its prefill has at most this many
     prompt tokens (estimated) of the router's requests in flight; until then it waits in the
     router, its hold unclaimed (so still releasable under pressure), and turns behind it wait too.

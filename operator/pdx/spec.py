@@ -17,7 +17,7 @@ from pdx import labels
 from pdx.profiles import DEFAULT_INSTANCE_TYPE, PROFILES, InstanceProfile
 from pdx.protocol import PREFILL_DECLINE_WINDOW_SECONDS
 from pdx.rules import check_document
-from pdx_contract.router_config import CacheIsolation
+from pdx_contract.router_config import CLAIM_QUEUE_TOKENS, CacheIsolation
 
 GROUP = "inference.pdx.dev"
 VERSION = "v1alpha1"
@@ -220,7 +220,7 @@ GPU_DECODE_LOCAL_MAX_TOKENS = 1024
 # router.decodeLocalIdleMaxTokens unset, on GPUs (RouterSpec.decode_local_idle_max_tokens says why).
 GPU_DECODE_LOCAL_IDLE_MAX_TOKENS = 8192
 # router.claimQueueTokens unset, on GPUs and on CPUs (RouterSpec.claim_queue_tokens says why).
-GPU_CLAIM_QUEUE_TOKENS = 32768
+GPU_CLAIM_QUEUE_TOKENS = CLAIM_QUEUE_TOKENS  # the router's own default
 CPU_CLAIM_QUEUE_TOKENS = 2048
 
 # kv_lease_duration (vLLM 0.32 nixl/base_scheduler.py, base_worker.py): decode heartbeats every
