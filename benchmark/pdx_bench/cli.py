@@ -24,6 +24,7 @@ from .breakdown import (
     engine_rows,
     engines_json,
 )
+from .held import claims_line
 from .points import HEADERS as POINT_HEADERS
 from .points import markdown_table as points_table
 from .points import point_stats
@@ -797,6 +798,9 @@ def write_outputs(
             context["dashboard panels without data"] = ", ".join(empty) or "none"
         except OSError as err:
             context["dashboard panels"] = f"not drawn from {prometheus}: {err}"
+    for leg in results:
+        if claims := claims_line(leg.router_stats):
+            context[f"{leg.leg} leg: the router's claims on held KV"] = claims
     for leg_name, peaks in getattr(target, "peak_rss_mib", {}).items():
         context[f"{leg_name} leg peak RSS"] = ", ".join(f"{name} {mib / 1024:.2f} GiB" for name, mib in peaks.items())
     source = sorted({r.kv_transfer_source for r in records if r.kv_transfer_source})

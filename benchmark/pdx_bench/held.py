@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from pydantic import ValidationError
 
 from pdx_contract import holds as contract
+from pdx_contract.stats import RouterStats
 
 from .records import RequestRecord
 
@@ -81,3 +83,15 @@ def overcommit(
     if not decode_capacity or any(c is None or c <= 0 for c in decode_capacity):
         return None
     return held_demand(records, shared_tokens) / sum(c for c in decode_capacity if c is not None)
+
+
+def claims_line(router_stats: dict[str, Any] | None) -> str | None:
+    """The router's claims on held KV over a leg, by decode's answer (`RouterStats.claims`), as
+    one line for the report; None when the router made none or did not say (an older router)."""
+    if not router_stats:
+        return None
+    claims = RouterStats.model_validate(router_stats).claims
+    counts = claims.model_dump()
+    if not any(counts.values()):
+        return None
+    return ", ".join(f"{answer} {n}" for answer, n in counts.items())

@@ -95,6 +95,21 @@ class HeldKvCounts(_Read):
     engine started."""
 
 
+class ClaimCounts(_Read):
+    """This router's claims on decodes' held KV before a read, by decode's answer (snake_case keys:
+    they are `pdx_router_held_kv_claims`' labels), since the router started."""
+
+    model_config = ConfigDict(alias_generator=None)
+
+    held: int = 0
+    """Pinned: the turn read the hold."""
+    gone: int = 0
+    """Released under pressure (or read, or expired): the turn went `released`."""
+    no_valve: int = 0
+    failed: int = 0
+    unreachable: int = 0
+
+
 class RouterStats(_Read):
     reuse: ReuseCounts = ReuseCounts()
     reused_tokens: int = 0
@@ -109,6 +124,7 @@ class RouterStats(_Read):
     router_tokenizer: Literal["off", "probation", "trusted", "disabled"] = "off"
     """The router's own tokenizer: not configured, on probation, trusted, or disabled after a mismatch."""
     held_kv: HeldKvCounts = HeldKvCounts()
+    claims: ClaimCounts = ClaimCounts()
 
 
 class Holding(_Read):

@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 
 from pdx_contract.stats import (
     REUSE_OUTCOMES,
+    ClaimCounts,
     FoundCounts,
     GapSummary,
     HeldKvCounts,
@@ -239,6 +240,7 @@ class Metrics:
             self.connections_closed.labels(reason)
         self._local_skip = {w: self.local_skip.labels(w.value) for w in local.SKIPPED}
         self._claims = {c: self.claims.labels(c.value) for c in Claim}
+        self._claim_counts = dict.fromkeys((c.value for c in Claim), 0)
         self._found = {b.value: 0 for b in FoundBy if b is not FoundBy.NONE}
         for by in self._found:
             self.found_by.labels(by)
@@ -263,6 +265,7 @@ class Metrics:
     def claim(self, answer: Claim) -> None:
         """Decode's answer to a claim on the held KV a turn was about to read."""
         self._claims[answer].inc()
+        self._claim_counts[answer.value] += 1
 
     def local_skipped(self, why: local.Why) -> None:
         """A turn that could have been prefilled on its decode was not (OFF, NOT_HELD: uncounted)."""
@@ -323,6 +326,7 @@ class Metrics:
             ),
             router_tokenizer=router_tokenizer,
             held_kv=held_kv if held_kv is not None else HeldKvCounts(),
+            claims=ClaimCounts(**self._claim_counts),
         )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from pdx_bench.held import HeldFigures, held_demand, overcommit, read_holds
+from pdx_bench.held import HeldFigures, claims_line, held_demand, overcommit, read_holds
 from pdx_bench.points import markdown_table, p99_over_off, point_stats, to_json
 from pdx_bench.records import RequestRecord
 from pdx_router.testing.fake_engine import Cluster, EngineOptions, Held, start_engine
@@ -125,3 +125,11 @@ async def test_a_point_starts_from_an_empty_decode_its_unclaimed_holds_released_
             assert set(cluster.held) == {("d0", "being-read")}  # a claimed hold stays
     finally:
         await runner.cleanup()
+
+
+def test_a_legs_claims_line_names_each_answer_and_is_absent_without_claims() -> None:
+    stats = {"reuse": {"hit": 3}, "claims": {"held": 4, "gone": 2, "no_valve": 0, "failed": 0, "unreachable": 1}}
+    assert claims_line(stats) == "held 4, gone 2, no_valve 0, failed 0, unreachable 1"
+    assert claims_line({"reuse": {"hit": 3}}) is None  # an older router: no claims field
+    assert claims_line({"claims": {"held": 0}}) is None  # the router made none
+    assert claims_line(None) is None  # no stats at all

@@ -47,9 +47,7 @@ async def metrics(http: aiohttp.ClientSession, s: Stack) -> str:
 def holds_calls(s: Stack) -> list[dict[str, Any]]:
     """The router's claims and drops (its health checks' empty polls left out)."""
     return [
-        body
-        for path, body in s.decode.requests
-        if path == "/v1/pdx/holds" and (body["claim"] or body["releaseClaim"])
+        body for path, body in s.decode.requests if path == "/v1/pdx/holds" and (body["claim"] or body["releaseClaim"])
     ]
 
 
@@ -138,7 +136,10 @@ async def test_a_hold_released_under_pressure_makes_the_next_turn_released_witho
     outcome, _ = await turn(http, s, [*msgs, user("and after that? " + LONG)])
     assert outcome == "hit"
     async with http.get(s.url + "/v1/pdx/stats") as r:
-        assert (await r.json())["reuse"]["released"] == 1
+        stats = await r.json()
+    assert stats["reuse"]["released"] == 1
+    # the released turn's claim was answered gone, the next turn's held (what `pdx bench` keeps per leg)
+    assert stats["claims"] == {"held": 1, "gone": 1, "no_valve": 0, "failed": 0, "unreachable": 0}
     assert 'pdx_router_reuse_total{outcome="released"} 1.0' in await metrics(http, s)
 
 
