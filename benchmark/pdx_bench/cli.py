@@ -270,7 +270,11 @@ def add_parser(sub: Any) -> None:
     r.add_argument(
         "--profile", choices=("gpu", "cpu"), default="gpu", help="the parts' sizes (cpu: tiny, to try the flow)"
     )
-    r.add_argument("--parts", help=f"a subset, in the plan's order ({','.join((*wave.PART_NAMES, wave.CORRECT))})")
+    r.add_argument(
+        "--parts",
+        help=f"a subset, in the plan's order ({','.join((*wave.PART_NAMES, wave.CORRECT))}; "
+        f"only when named: {','.join(wave.OPTIONAL_PARTS)})",
+    )
     r.add_argument(
         "--budget-s", type=float, help=f"seconds for the wave and correct (default {wave.MACHINE_S - wave.OUTSIDE_S})"
     )

@@ -98,10 +98,18 @@ def set_bidirectional(document: dict[str, Any], value: bool) -> dict[str, Any]:
     return with_changes(document, as_leg(value).changes)
 
 
+# Router fields that the engines are rendered from too: decode's logits processor.
+ROUTER_FIELDS_ENGINES_SEE = ("firstTokenFromPrefill",)
+
+
 def engines_see(document: dict[str, Any]) -> dict[str, Any]:
-    """What of a document the engines see: all of it but `spec.router`."""
+    """What of a document the engines see: all of it but `spec.router`, less the router fields
+    an engine's arguments follow (ROUTER_FIELDS_ENGINES_SEE)."""
     out = copy.deepcopy(document)
-    out.get("spec", {}).pop("router", None)
+    router = out.get("spec", {}).pop("router", None) or {}
+    kept = {k: router[k] for k in ROUTER_FIELDS_ENGINES_SEE if k in router}
+    if kept:
+        out["spec"]["router"] = kept
     return out
 
 

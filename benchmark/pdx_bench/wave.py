@@ -54,6 +54,9 @@ from .workload import AGENTIC, SuffixMix, TokenCounter, WorkloadSpec
 OFF = Leg("off", (("kvTransfer.bidirectional", False),))
 ON = Leg("on", (("kvTransfer.bidirectional", True),))
 DP = Leg("dp", (("kvTransfer.bidirectional", True), ("router.decodeLocalMaxTokens", 0)))
+# The D->P path with the client's first token prefill's (router.firstTokenFromPrefill): decode's
+# logits processor is an engine argument, so its own engines (one more start).
+DP_FIRST = Leg("dp-first", (*DP.changes, ("router.firstTokenFromPrefill", True)))
 # ON with decode's holds shortened under pressure (`PDX_HELD_KV_SHORTEN=1`; whole is the default,
 # pdx_engine.held_kv.shorten_from_env): what shortening changes at the overcommit point. Its own
 # engines (an engine setting): one more start.
@@ -270,6 +273,10 @@ def _parts_gpu() -> tuple[Part, ...]:
              "ON also with holds shortened", (ON, SHORTENED, OFF), (16000,),
              replace(base, think_time_s=2.0, shared_prefix=False, seed=5),
              live=(12,), bound=False),
+        # Only when asked (PARTS=first): the D->P path with the client's first token prefill's, beside
+        # the D->P path and ON's bound, on 2k-token suffixes and on first turns (router.firstTokenFromPrefill).
+        Part("first", "2k-token suffixes at 12k and 20k through prefill, the first token decode's and prefill's, "
+             "over the bound", (ON, DP, DP_FIRST), (12000, 20000), replace(base, seed=6), suffixes=(2000,)),
     )  # fmt: skip
 
 
@@ -293,10 +300,13 @@ def _parts_cpu() -> tuple[Part, ...]:
         Part("overcommit", "3 live conversations of their own prefix, ON also with shortened holds",
              (ON, SHORTENED, OFF), (1024,),
              replace(base, think_time_s=1.0, shared_prefix=False, seed=5), live=(3,), bound=False),
+        Part("first", "long suffixes through prefill, the first token decode's and prefill's, over the bound",
+             (ON, DP, DP_FIRST), (512,), replace(base, seed=6), suffixes=(256,)),
     )  # fmt: skip
 
 
 PART_NAMES = ("sweep", "suffix2k", "agentic", "tpot", "load", "overcommit")
+OPTIONAL_PARTS = ("first",)  # run only when named (PARTS=...): a candidate measured beside the default
 
 
 def plan(profile: str = "gpu", parts: Sequence[str] | None = None, budget_s: float | None = None) -> Plan:
@@ -305,9 +315,10 @@ def plan(profile: str = "gpu", parts: Sequence[str] | None = None, budget_s: flo
     is spent outside the wave)."""
     every = _parts_gpu() if profile == "gpu" else _parts_cpu()
     wanted = list(parts) if parts is not None else [*PART_NAMES, CORRECT]
-    unknown = [n for n in wanted if n not in (*PART_NAMES, CORRECT)]
+    known = (*PART_NAMES, *OPTIONAL_PARTS, CORRECT)
+    unknown = [n for n in wanted if n not in known]
     if unknown:
-        raise ValueError(f"unknown parts {', '.join(unknown)}: the wave has {', '.join((*PART_NAMES, CORRECT))}")
+        raise ValueError(f"unknown parts {', '.join(unknown)}: the wave has {', '.join(known)}")
     chosen = tuple(p for p in every if p.name in wanted)
     costs = GPU_COSTS if profile == "gpu" else CPU_COSTS
     budget = budget_s if budget_s is not None else float(MACHINE_S - OUTSIDE_S)

@@ -121,6 +121,10 @@ class RouterConfig(Document):
     prompt tokens (estimated) of the router's requests in flight; until then it waits in the
     router, its hold unclaimed (so still releasable under pressure), and turns behind it wait too.
     High: claim on arrival."""
+    first_token_from_prefill: bool = False
+    """A streamed P/D turn's first token is prefill's, sent as soon as prefill answers; decode is
+    asked to start with it (its `pdx_engine.first_token` logits processor) and what it streams of
+    it is cut (policy.first_token). Off: the client's first token is decode's."""
     prefill_affinity: bool = False
     """Send every turn of a conversation to one prefill, chosen by rendezvous hashing of the
     conversation (its id, else its messages through the first user message), so that prefill's

@@ -101,7 +101,7 @@ NAME_PROBLEM = (
 )
 NAME_RULE = {
     "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && self.metadata.name.matches('{DNS_LABEL}')",
-    "messageExpression": f"\"'\" + self.metadata.name + \"' {NAME_PROBLEM}\"",
+    "messageExpression": f'"\'" + self.metadata.name + "\' {NAME_PROBLEM}"',
     "fieldPath": ".metadata.name",
 }
 
@@ -121,6 +121,19 @@ W = PREFILL_DECLINE_WINDOW_SECONDS
 # never renewed, and the router's entry deadline follows that TTL alone (pull_scheduler.request_finished
 # picks one or the other by role). Prefill and decode must agree on the lease (decode's heartbeat
 # interval against prefill's renewal), which one field rendered into both roles already ensures.
+# Decode arguments with which its first token is not simply the one it is told to start with.
+FIRST_TOKEN_CONFLICTS = (
+    "--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice", "--speculative-config",
+    "--logits-processors",
+)  # fmt: skip
+
+
+def _args_name(where: str, flags: tuple[str, ...]) -> str:
+    """CEL: `where`.extraArgs holds one of `flags` (alone, or as `--flag=value`)."""
+    match = " || ".join(f"a == '{f}' || a.startsWith('{f}=')" for f in flags)
+    return f"(has(self.{where}.extraArgs) && self.{where}.extraArgs.exists(a, {match}))"
+
+
 def _peer_rule(field: str) -> Rule:
     """A NetworkPolicy peer is an ipBlock alone, or selectors: Kubernetes refuses anything else."""
     return Rule(
@@ -219,6 +232,19 @@ RULES: tuple[Rule, ...] = (
         message=(
             "router.decodeLocalIdleMaxTokens below decodeLocalMaxTokens would change nothing (an idle decode "
             "already takes those turns): raise it to at least decodeLocalMaxTokens, or set 0 to turn it off"
+        ),
+    ),
+    Rule(
+        field="router.firstTokenFromPrefill",
+        expression=(
+            "!has(self.router.firstTokenFromPrefill) || !self.router.firstTokenFromPrefill || "
+            f"!({_args_name('model', FIRST_TOKEN_CONFLICTS)} || {_args_name('decode', FIRST_TOKEN_CONFLICTS)})"
+        ),
+        message=(
+            "router.firstTokenFromPrefill needs decode without "
+            + ", ".join(FIRST_TOKEN_CONFLICTS)
+            + " in model.extraArgs or decode.extraArgs (decode's first token would not be prefill's, or "
+            "vLLM refuses the logits processor): remove those arguments, or set firstTokenFromPrefill: false"
         ),
     ),
     Rule(

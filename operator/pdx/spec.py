@@ -414,6 +414,15 @@ class RouterSpec(_Spec):
     work. Unset: 32768 on GPUs, 2048 on CPU, where prefill computes a few thousand tokens a
     second: with 32768 CPU claims pinned holds for seconds and requests waited behind them at
     3.9x overcommit (docs/results/cpu-2026-12-07c-prefill-uncached)."""
+    first_token_from_prefill: bool = False
+    """Stream a P/D turn's first token from prefill, as soon as prefill answers: prefill samples
+    one token anyway, and the client's first token otherwise waits for decode's hop (its API, the
+    P->D read, its first step: 30-60 ms on an H100 at 12k-20k tokens). Decode then starts with that
+    token (a logits processor, `pdx_engine.first_token`, rendered onto decode) and the router cuts
+    what decode streams of it, so the text is what decode alone would send. Streamed turns of one
+    choice only, without log-probabilities, a seed, tools or structured output; the first chunk's
+    id is the router's. Needs decode without a reasoning or tool parser, speculative decoding or
+    logits processors of its own. Off: the first token is decode's."""
     prefill_affinity: bool | None = None
     """Send every turn of a conversation to one prefill (rendezvous hashing of its id, else of its
     messages through the first user message), so that prefill's prefix cache may still hold its

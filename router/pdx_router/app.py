@@ -7,6 +7,7 @@ records.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -37,7 +38,7 @@ from .filters import StreamFilter, filter_response, well_formed_kv
 from .front import Answer, Request, Routes, Server, Stream, error_body, json_answer
 from .ids import IdText, of_list
 from .metrics import Metrics, held_kv_counts
-from .policy import Outcome, engines, holds, local, retry, reuse, shapes
+from .policy import Outcome, engines, first_token, holds, local, retry, reuse, shapes
 from .policy.holds import Claim
 from .policy.retry import Attempt, Hop, Retry
 from .policy.reuse import IdsSource, PromptIds, TurnPlan
@@ -76,6 +77,16 @@ class Prefilled:
 
 
 Pinned = tuple[Endpoint, str]  # a decode, and the hold on it the router claimed (policy.holds)
+
+
+@dataclass
+class Opened:
+    """A streamed turn whose answer began with prefill's token (policy.first_token): the
+    client's stream, the token, and what decode must not send again."""
+
+    out: Stream
+    first: first_token.First
+    cut: first_token.Cut
 
 
 @dataclass(frozen=True)
@@ -304,6 +315,8 @@ class Router:
                     self._drop_claim(pinned, ask)
         # A turn that would claim a hold waits for its prefill first (claim_gate.py): unclaimed,
         # and asked again as the queue moves (decode may release the hold meanwhile).
+        stitch = self.cfg.first_token_from_prefill and first_token.eligible(ask.body)
+        opened: Opened | None = None
         keeper, kv = holds.holder(self.pool.endpoints, attempt.plan.affinity), attempt.kv
         claims = attempt.reuse and holds.would_claim(kv, keeper)
         tokens = holds.prefill_tokens(size, attempt.reused_tokens)
@@ -326,16 +339,20 @@ class Router:
                 if decode is None:
                     if pinned is not None:
                         self._drop_claim(pinned, ask)
+                    if opened is not None:
+                        return self._end_opened(opened, ask, NoEngines())
                     raise NoEngines
-                ppath, pbody = shapes.prefill_request(ask, attempt.kv, attempt.compared_ids)
+                ppath, pbody = shapes.prefill_request(ask, attempt.kv, attempt.compared_ids, stitch and opened is None)
                 _log_hop("to prefill", prefill, pbody.get("kv_transfer_params"))
                 t0 = time.perf_counter()
                 try:
-                    pkv = await self._prefill_hop(prefill, ppath, ask, pbody, pinned)
+                    pkv, panswer = await self._prefill_hop(prefill, ppath, ask, pbody, pinned)
                 except UpstreamError as exc:
                     slot.leave()
                     again = self._after_failure(attempt, Hop.PREFILL, prefill, exc)
                     if again is None:
+                        if opened is not None:
+                            return self._end_opened(opened, ask, exc)
                         raise
                     attempt = again.attempt
                     continue
@@ -343,15 +360,27 @@ class Router:
                 attempt = retry.after_prefill(attempt, pkv if isinstance(pkv, dict) else None)
                 done = Prefilled(attempt, (time.perf_counter() - t0) * 1000, started, (t0 - started) * 1000)
                 self.metrics.prefill.observe(done.prefill_ms / 1000)
+                if stitch and opened is None and (first := first_token.of_answer(panswer)) is not None:
+                    opened = self._open(req, ask, done, first)
                 dbody = shapes.decode_request(
-                    ask, pkv if isinstance(pkv, dict) else None, attempt.compared_ids, decode.names_held
+                    ask,
+                    pkv if isinstance(pkv, dict) else None,
+                    attempt.compared_ids,
+                    decode.names_held,
+                    opened.first.token_id if opened is not None else None,
                 )
                 _log_hop("to decode", decode, dbody.get("kv_transfer_params"))
                 try:
-                    return await self._decode(req, ask, done, decode, dbody)
+                    return await self._decode(req, ask, done, decode, dbody, opened)
+                except ClientFacingError as exc:
+                    if opened is None:
+                        raise
+                    return self._end_opened(opened, ask, exc)
                 except UpstreamError as exc:
                     again = self._after_failure(attempt, Hop.DECODE, decode, exc)
                     if again is None:
+                        if opened is not None:
+                            return self._end_opened(opened, ask, exc)
                         raise
                     attempt = again.attempt
         finally:
@@ -359,8 +388,8 @@ class Router:
 
     async def _prefill_hop(
         self, prefill: Endpoint, path: str, ask: ClientRequest, body: dict[str, Any], pinned: Pinned | None
-    ) -> Any:
-        """Prefill's answer's kv_transfer_params; the claim on the hold it read is dropped once
+    ) -> tuple[Any, dict[str, Any]]:
+        """Prefill's answer's kv_transfer_params, and the answer; the claim on the hold it read is dropped once
         prefill has answered (or never will): its read, if any, is over. Dropped even after a
         read, which should free the hold claim and all: a read's notice that decode's worker
         does not take (vLLM logs "unrecognized request") would leave it pinned by the claim."""
@@ -371,7 +400,7 @@ class Router:
             if pkv is not None and not well_formed_kv(pkv):
                 pkv = None
                 raise MalformedAnswer(prefill, 200, "kv_transfer_params of the wrong shape")
-            return pkv
+            return pkv, answer
         finally:
             if pinned is not None:
                 self._drop_claim(pinned, ask)
@@ -508,13 +537,19 @@ class Router:
         return out
 
     async def _decode(
-        self, req: Request, ask: ClientRequest, done: Prefilled, decode: Endpoint, body: dict[str, Any]
+        self,
+        req: Request,
+        ask: ClientRequest,
+        done: Prefilled,
+        decode: Endpoint,
+        body: dict[str, Any],
+        opened: Opened | None = None,
     ) -> Answer | Stream:
         decode.outstanding += 1
         out: Answer | Stream
         try:
             if ask.stream:
-                out = await self._relay_stream(req, ask, done, decode, body)
+                out = await self._relay_stream(req, ask, done, decode, body, opened)
             else:
                 out = await self._relay_json(ask, done, decode, body)
         except UpstreamError as exc:
@@ -526,8 +561,38 @@ class Router:
         self._finish(done)
         return out
 
+    def _open(self, req: Request, ask: ClientRequest, done: Prefilled, first: first_token.First) -> Opened:
+        """Begin the client's answer with prefill's token (policy.first_token), before decode's hop."""
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        out = Stream(200, {**headers, **self._answer_headers(ask, done)})
+        out.start(req)
+        chunk_id = ("chatcmpl-" if ask.is_chat else "cmpl-") + ask.request_id
+        out.write(first_token.opening(first, ask.is_chat, chunk_id, ask.body.get("model"), int(time.time())))
+        self.metrics.ttft.observe(time.perf_counter() - done.started)
+        return Opened(out, first, first_token.Cut(first, ask.is_chat))
+
+    def _end_opened(self, opened: Opened, ask: ClientRequest, exc: Exception) -> Stream:
+        """A turn whose answer began cannot be answered with a status any more: its stream says
+        what failed, as for a decode stream that broke, with no [DONE]."""
+        log.warning("[%s] turn failed after prefill's first token was sent: %r", ask.request_id, exc)
+        if isinstance(exc, ClientFacingError):  # decode refused what prefill had taken
+            err = error_body(exc.status, "the decode engine refused the request", ask.request_id)
+        else:
+            role = exc.endpoint.role if isinstance(exc, UpstreamError) else "decode"
+            err = error_body(502, f"the {role} engine failed", ask.request_id)
+        with contextlib.suppress(ConnectionResetError):
+            opened.out.write(b"data: " + orjson.dumps(err) + b"\n\n")
+            opened.out.end()
+        return opened.out
+
     async def _relay_stream(
-        self, req: Request, ask: ClientRequest, done: Prefilled, decode: Endpoint, body: dict[str, Any]
+        self,
+        req: Request,
+        ask: ClientRequest,
+        done: Prefilled,
+        decode: Endpoint,
+        body: dict[str, Any],
+        opened: Opened | None = None,
     ) -> Stream:
         # Always filtered, even when nothing is captured or stripped: decode's
         # kv_transfer_params never reach a client (a block without them passes untouched).
@@ -537,6 +602,9 @@ class Router:
         ttft = self.metrics.ttft
         limit = self.upstream.max_answer_bytes
         relay = StreamRelay(filt, limit, lambda: ttft.observe(time.perf_counter() - done.started))
+        if opened is not None:
+            relay.first = False  # the client's first token left with the opening
+            relay.cut = opened.cut if not opened.cut.done else None
         if ask.capture and ask.history is not None:  # the answer names the entry, or the turn it holds
             relay.said = StreamedAnswer()
         elif ask.capture and ask.reads_text:  # the completion's text names the entry
@@ -558,9 +626,12 @@ class Router:
             # request asked for is refused, never relayed through the other form's filter.
             if head.content_type != "text/event-stream":
                 raise MalformedAnswer(decode, head.status, f"a {head.content_type} answer, not text/event-stream")
-            headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-            out = Stream(200, {**headers, **self._answer_headers(ask, done)})
-            out.start(req)
+            if opened is not None:
+                out = opened.out
+            else:
+                headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+                out = Stream(200, {**headers, **self._answer_headers(ask, done)})
+                out.start(req)
             return await self._relay_events(ask, done, decode, relay, out)
         except (asyncio.CancelledError, ConnectionResetError):
             # The client left: its handler is cancelled, or a write finds its socket closing (it
@@ -614,6 +685,8 @@ class Router:
         if rest := filt.flush():
             if relay.said is not None:
                 relay.said.feed(rest)
+            if relay.cut is not None:
+                rest = relay.cut.feed(rest)
             if not relay.stored and filt.captured.kv is not None:
                 relay.stored = True
                 await self._store_entry(ask, done, decode, filt.captured, relay.answer())

@@ -55,6 +55,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--decode-local-idle-max-tokens", type=int, help="...and up to this many while it has nothing in flight"
     )
+    p.add_argument(
+        "--first-token-from-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="stream a P/D turn's first token from prefill (decode needs pdx_engine.first_token)",
+    )
     p.add_argument("--engine-api-key-file", help="file with the engines' API key (sent in place of the client's)")
     p.add_argument("--endpoints-file")
     p.add_argument("--tokenizer", help="model directory: tokenize reused chat turns here, not via /tokenize")
@@ -101,6 +107,7 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
         decode_local_max_tokens=args.decode_local_max_tokens,
         decode_local_max_busy=args.decode_local_max_busy,
         decode_local_idle_max_tokens=args.decode_local_idle_max_tokens,
+        first_token_from_prefill=args.first_token_from_prefill,
         engine_api_key_file=args.engine_api_key_file,
         endpoints_file=args.endpoints_file,
         tokenizer=args.tokenizer,

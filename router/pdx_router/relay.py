@@ -19,6 +19,7 @@ from typing import Any
 from .answer import Pieced
 from .filters import StreamFilter
 from .front import Stream
+from .policy.first_token import Cut
 from .wire import Call, Head, Sink
 
 
@@ -42,6 +43,7 @@ class StreamRelay(Sink):
         self.client_gone = False
         self.stored = False  # the entry is stored (or nothing to store): the end may pass
         self.said: Pieced | None = None  # pieces the answer together (a turn kept by its history)
+        self.cut: Cut | None = None  # what the client already has of decode's stream (policy.first_token)
         self._out: Stream | None = None  # the client's answer, while the relay writes to it itself
         self.held = False  # the callbacks write nothing and decode is paused until release()
         self._wake: asyncio.Future[None] | None = None
@@ -65,7 +67,11 @@ class StreamRelay(Sink):
         filt = self.filt
         block = filt.feed(data)
         if self.said is not None and block:
-            self.said.feed(block)
+            self.said.feed(block)  # decode's whole answer: the turn kept names it, cut or not
+        if self.cut is not None and block:
+            block = self.cut.feed(block)
+            if self.cut.done:
+                self.cut = None
         out = self._out
         if out is None or filt.dropped or (not self.stored and filt.captured.kv is not None):
             self.pending.append(block)

@@ -69,6 +69,10 @@ VLLM_MAX_GRAPH_SIZE = 512
 COMPILATION_FLAGS = ("--compilation-config", "-cc", "-O", "--enforce-eager")
 
 
+# Decode starts with the token prefill already streamed (router.firstTokenFromPrefill).
+FIRST_TOKEN_PROCESSOR = "pdx_engine.first_token:FirstTokenFromPrefill"
+
+
 def decode_graph_size(target: Target) -> int:
     """The largest batch, in tokens, that a GPU decode captures as a CUDA graph (see above)."""
     spec = target.spec
@@ -115,6 +119,8 @@ def serve_args(target: Target, role: Role) -> list[str]:
         json.dumps(kv_transfer_config(target, role), separators=(",", ":")),
     ]
     args += graph_args(target, role)
+    if role == "decode" and spec.router.first_token_from_prefill:
+        args += ["--logits-processors", FIRST_TOKEN_PROCESSOR]
     return args + list(model.extra_args) + list(spec.role(role).extra_args)
 
 

@@ -58,6 +58,7 @@ def router_config(target: Target, config_hash: str) -> RouterConfig:
         decode_local_max_busy=router.decode_local_max_busy,
         decode_local_idle_max_tokens=spec.decode_local_idle_max_tokens,
         claim_queue_tokens=spec.claim_queue_tokens,
+        first_token_from_prefill=router.first_token_from_prefill,
         prefill_affinity=spec.prefill_affinity,
         reuse_headers=router.reuse_headers,
         engine_api_key_file=f"{ENGINE_KEY_DIR}/{ENGINE_KEY_FILE}" if spec.engine_api_key_secret else None,

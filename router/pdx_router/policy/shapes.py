@@ -15,7 +15,7 @@ from pdx_contract.router_config import ConversationFrom, TenancyConfig
 
 from ..chat_tokens import renders_plainly
 from ..ids import IdText, fragment
-from . import FoundBy, history, prompt_history
+from . import FoundBy, first_token, history, prompt_history
 from .history import History
 from .prompt_history import Prompt
 
@@ -389,27 +389,37 @@ def prefill_body(body: dict[str, Any], is_chat: bool, kv: dict[str, Any] | None)
 _PREFILL_KEEPS = ("model", "cache_salt", "priority")
 
 
-def prefill_on_ids(body: dict[str, Any], ids: IdText, kv: dict[str, Any]) -> dict[str, Any]:
+def prefill_on_ids(body: dict[str, Any], ids: IdText, kv: dict[str, Any], first: bool = False) -> dict[str, Any]:
     """A reused chat turn's prefill as a completions request on the exact ids the prefix
     check compared: prefill neither renders nor tokenizes the prompt again, and the KV it
-    reads is for exactly those ids. Its one token is thrown away, so sampling fields go."""
-    out = {k: body[k] for k in _PREFILL_KEEPS if k in body}
+    reads is for exactly those ids. Its one token is thrown away, so sampling fields go,
+    unless it is the client's first token (`first`, policy.first_token)."""
+    keep = (*_PREFILL_KEEPS, *first_token.SAMPLING) if first else _PREFILL_KEEPS
+    out = {k: body[k] for k in keep if k in body}
     out.update(prompt=fragment(ids), max_tokens=1, stream=False, n=1, kv_transfer_params=dict(kv))
     return out
 
 
-def prefill_request(req: ClientRequest, kv: dict[str, Any] | None, ids: IdText | None) -> tuple[str, dict[str, Any]]:
-    """The prefill hop as (path, body); kv None means no reuse this attempt.
+def prefill_request(
+    req: ClientRequest, kv: dict[str, Any] | None, ids: IdText | None, first: bool = False
+) -> tuple[str, dict[str, Any]]:
+    """The prefill hop as (path, body); kv None means no reuse this attempt. `first`: its token
+    goes to the client (policy.first_token), so prefill samples as the client asked and names it.
 
     Only a plainly rendered chat prefills on ids: decode renders the chat itself, and its
     prompt must be the ids prefill computed (a chat with tools, say, could render differently
     under engine flags the router cannot see; that one prefills as chat)."""
+    path, body = req.path, None
     if kv is not None and ids is not None:
         if not req.is_chat:
-            return req.path, pin_completion_prompt(prefill_body(req.body, False, kv), ids)
-        if renders_plainly(req.body):
-            return "/v1/completions", prefill_on_ids(req.body, ids, kv)
-    return req.path, prefill_body(req.body, req.is_chat, kv)
+            body = pin_completion_prompt(prefill_body(req.body, False, kv), ids)
+        elif renders_plainly(req.body):
+            path, body = "/v1/completions", prefill_on_ids(req.body, ids, kv, first)
+    if body is None:
+        body = prefill_body(req.body, req.is_chat, kv)
+    if first:
+        body["return_token_ids"] = True
+    return path, body
 
 
 # ---------------------------------------------------------------- decode
@@ -426,18 +436,24 @@ def decode_body(body: dict[str, Any], prefill_kv: dict[str, Any] | None, want_to
 
 
 def decode_request(
-    req: ClientRequest, prefill_kv: dict[str, Any] | None, compared_ids: IdText | None, names_held: bool = False
+    req: ClientRequest,
+    prefill_kv: dict[str, Any] | None,
+    compared_ids: IdText | None,
+    names_held: bool = False,
+    first_token_id: int | None = None,
 ) -> dict[str, Any]:
     """The decode hop's body; a reused completions turn (compared_ids set) runs the exact ids
     its prefill computed. A chat is left for decode to render (see pin_completion_prompt).
     A decode that names the tokens it holds (`names_held`) is not asked for ids: the engines
-    check the next prompt themselves (unless the generated ids name the turn kept)."""
+    check the next prompt themselves (unless the generated ids name the turn kept).
+    `first_token_id`: the token the client already has (policy.first_token): decode starts with it."""
     out = decode_body(req.body, prefill_kv, want_token_ids=req.capture and (not names_held or req.needs_output_ids))
     if compared_ids is not None and not req.is_chat:
         out = pin_completion_prompt(out, compared_ids)
+    if first_token_id is not None:
+        xargs = out.get("vllm_xargs")
+        out["vllm_xargs"] = {**(xargs if isinstance(xargs, dict) else {}), first_token.ARG: first_token_id}
     return out
-
-
 
 
 def local_decode_request(req: ClientRequest, compared_ids: IdText | None, names_held: bool = False) -> dict[str, Any]:

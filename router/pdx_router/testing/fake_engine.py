@@ -199,6 +199,8 @@ class EngineOptions:
     valve: bool = False
     notes_releases: bool = True  # each held turn's answer names the latest releases (ReleasedNote)
     load_route: bool = False  # as pdx's engine plugin: GET /v1/pdx/load answers the requests running
+    # As decode with pdx_engine.first_token: a request's vllm_xargs.pdx_first_token is its first token.
+    forces_first_token: bool = True
 
 
 class FakeEngine:
@@ -439,9 +441,19 @@ class FakeEngine:
         }
         if verdict is not None:
             out_kv[kv_prefix.VERDICT] = verdict.to_json()
+        first = self._generate(prompt)[:1]  # the token decode would start with, as a model's would be
+        answer = self._full(rid, body, chat, prompt, first, out_kv, "length")
+        if chat:  # its text as decode's stream gives it (policy.first_token compares the two)
+            answer["choices"][0]["message"]["content"] = self.token_text(first[0])
+        else:
+            answer["choices"][0]["text"] = self.token_text(first[0])
         if self.opts.malform is not None:
-            return self.malformed(self._full(rid, body, chat, prompt, [101], out_kv, "length"))
-        return self.json_response(self._full(rid, body, chat, prompt, [101], out_kv, "length"))
+            return self.malformed(answer)
+        return self.json_response(answer)
+
+    def token_text(self, tok: int) -> str:
+        """One token's text in a stream (words end with a space; the end of text has none)."""
+        return "" if tok == EOS else self.cluster.decode([tok]) + " "
 
     def malformed(self, answer: dict[str, Any]) -> web.Response:
         """A non-streamed answer, wrong in the way opts.malform says."""
@@ -575,6 +587,9 @@ class FakeEngine:
             self.cluster.locals.append(LocalPrefill(self.opts.engine_id, len(prompt), self.cached(prompt)))
         rid = f"cmpl-{self.opts.engine_id}-{next(self._ids)}"
         out = self._generate(prompt)
+        forced = (body.get("vllm_xargs") or {}).get("pdx_first_token")
+        if self.opts.forces_first_token and type(forced) is int:
+            out = [forced, *out[1:]]
         ids = bool(body.get("return_token_ids"))
         await asyncio.sleep(self.opts.first_token_delay)
         if not body.get("stream"):
@@ -609,7 +624,7 @@ class FakeEngine:
             if i:
                 await asyncio.sleep(self.opts.token_delay)
             last = i == len(out) - 1
-            text = "" if tok == EOS else self.cluster.decode([tok]) + " "
+            text = self.token_text(tok)
             choice: dict[str, Any] = {"index": 0}
             if chat:
                 choice["delta"] = {"content": text}
