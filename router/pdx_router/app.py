@@ -313,10 +313,12 @@ class Router:
             finally:
                 if pinned is not None:
                     self._drop_claim(pinned, ask)
-        # A turn that would claim a hold waits for its prefill first (claim_gate.py): unclaimed,
-        # and asked again as the queue moves (decode may release the hold meanwhile).
+        # Prefill's token may begin the client's answer (policy.first_token): once it has, a
+        # failure is told in the stream, and a retry starts decode with the same token.
         stitch = self.cfg.first_token_from_prefill and first_token.eligible(ask.body)
         opened: Opened | None = None
+        # A turn that would claim a hold waits for its prefill first (claim_gate.py): unclaimed,
+        # and asked again as the queue moves (decode may release the hold meanwhile).
         keeper, kv = holds.holder(self.pool.endpoints, attempt.plan.affinity), attempt.kv
         claims = attempt.reuse and holds.would_claim(kv, keeper)
         tokens = holds.prefill_tokens(size, attempt.reused_tokens)

@@ -21,6 +21,7 @@ import yaml
 from pdx_bench import wave, wavereport
 from pdx_bench.cli import max_prompt_tokens
 from pdx_bench.records import read_records
+from pdx_bench.sweep import only_router_differs
 from pdx_bench.workload import WordCounter
 
 from .fakeserver import FakeTopology, example_doc
@@ -209,3 +210,13 @@ def test_the_script_prints_the_plan_without_a_gpu(tmp_path: Path) -> None:
         timeout=120,
     )
     assert cpu.returncode == 1 and "the plan needs" in cpu.stderr
+
+
+def test_the_first_token_part_runs_only_when_named_and_starts_decodes_processor_its_own_engines() -> None:
+    assert "first" not in [p.name for p in wave.plan("gpu").parts]
+    steps = wave.plan("gpu", ["first"]).steps()
+    assert [(s.leg.name, s.start) for s in steps] == [("on", True), ("dp", False), ("dp-first", True)]
+    on = {"spec": {"kvTransfer": {"bidirectional": True}, "router": {"decodeLocalMaxTokens": 0}}}
+    first = {"spec": {"kvTransfer": {"bidirectional": True}, "router": {"firstTokenFromPrefill": True}}}
+    assert only_router_differs(on, {"spec": {**on["spec"], "router": {"reuseHeaders": True}}})
+    assert not only_router_differs(on, first)  # decode's arguments follow this router field

@@ -95,8 +95,9 @@ async def test_the_first_chunk_leaves_before_decodes_first_token(
         {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"},
         {"response_format": {"type": "json_object"}},
         {"min_tokens": 4},
+        {"return_token_ids": True},
     ],
-    ids=["not-streamed", "n2", "logprobs", "seed", "one-token", "tools", "json", "min-tokens"],
+    ids=["not-streamed", "n2", "logprobs", "seed", "one-token", "tools", "json", "min-tokens", "ids"],
 )
 async def test_what_decodes_first_token_depends_on_keeps_the_usual_path(
     make_stack: StackFactory, http: aiohttp.ClientSession, extra: dict[str, Any]
@@ -174,3 +175,20 @@ def test_prefills_answer_names_the_first_token_only_when_it_does_not_end_the_ans
     assert first_token.of_answer(answer("length", "Hi", ())) is None  # no id named
     completion = {"choices": [{"text": " a", "finish_reason": "length", "token_ids": [9]}]}
     assert first_token.of_answer(completion) == first_token.First(9, " a")
+
+
+async def test_a_streamed_completion_reads_the_same_text_with_prefills_first_token(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    texts = []
+    for on in (False, True):
+        s = await make_stack(prefill_opts=CHECKS, decode_opts=CHECKS, first_token_from_prefill=on)
+        body = {"model": "Qwen", "prompt": LONG, "stream": True, "conversation_id": "p1"}
+        async with http.post(s.url + "/v1/completions", json=body) as r:
+            assert r.status == 200
+            lines = [ln for ln in (await r.read()).split(b"\n") if ln.startswith(b"data: ")]
+        assert lines[-1] == b"data: [DONE]"
+        chunks = [orjson.loads(ln[6:]) for ln in lines[:-1]]
+        texts.append("".join(c["choices"][0].get("text") or "" for c in chunks if c.get("choices")))
+        assert (chunks[0]["id"] == "cmpl-" + r.headers["X-Request-ID"]) is on  # the opening is the router's
+    assert texts[0] == texts[1] and texts[0]

@@ -10,6 +10,7 @@ unit-testable on its own and app.py only moves bytes, measures and records:
   by its messages, a completion by its prompt's prefix);
 - `local`: whether a short follow-up turn is prefilled on the decode that holds it;
 - `holds`: what a turn claims of decode's held KV, and what decode's answer means;
+- `first_token`: whether a streamed turn's first token is prefill's, and what decode must not send again;
 - `retry`: whether a failed hop is retried, and with what outcome;
 - `trust`: whether the router's own tokenizer's ids may replace the engine's.
 

@@ -7,8 +7,8 @@ answers; decode is asked to start with that same token (`pdx_engine.first_token`
 processor keyed by `vllm_xargs.pdx_first_token`) and what it streams of it is cut from its stream,
 so the client reads exactly what decode alone would have sent, one hop sooner.
 
-Only where that holds: one choice, streamed, no log-probabilities (decode would report its own
-for a token it did not pick), no `seed` (decode's generator would draw a different sequence), no
+Only where that holds: one choice, streamed, no log-probabilities or token ids asked for (the
+opening carries neither), no `seed` (decode's generator would draw a different sequence), no
 tools or structured output (their parsers see the first token in decode's pipeline differently),
 no `min_tokens` (prefill's answer would have to honour it as well), and more than one token to
 generate. A first token that ends the answer (a stop string, the end of text, an empty text)
@@ -28,7 +28,7 @@ ARG: Final = "pdx_first_token"  # decode's vllm_xargs key (pdx_engine.first_toke
 _KEEP_USUAL: Final = (
     "logprobs", "top_logprobs", "seed", "tools", "functions", "response_format", "structured_outputs",
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "min_tokens", "echo", "prompt_logprobs",
-    "best_of", "use_beam_search",
+    "best_of", "use_beam_search", "return_token_ids",
 )  # fmt: skip
 _NONE_ISH: Final[tuple[object, ...]] = (None, False, 0, "none", [], {})
 
