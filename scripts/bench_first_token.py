@@ -16,6 +16,7 @@ import json
 import statistics
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -29,18 +30,28 @@ from pdx.local import default_document  # noqa: E402
 from pdx.local.topology import LocalTopology  # noqa: E402
 from tests.e2e.test_real_engines import second_router  # noqa: E402
 
-HISTORY = " ".join(f"entry {i}: file {i % 97} holds {i * 13 % 211} lines" for i in range(500))
-TOOL = " ".join(f"row {i}: {i * 7 % 53}" for i in range(300))
+
+def history(entries: int) -> str:
+    return " ".join(f"entry {i}: file {i % 97} holds {i * 13 % 211} lines" for i in range(entries))
+
+
+def tool_output(rows: int, turn: int) -> str:
+    return " ".join(f"row {i}: {(i + turn) * 7 % 53}" for i in range(rows))
 
 
 def turn(url: str, model: str, messages: list[dict[str, str]]) -> tuple[float, float, str, str]:
-    """One streamed greedy turn: TTFT, the router's and prefill's part of it, outcome, text."""
-    body = {"model": model, "messages": messages, "max_tokens": 16, "temperature": 0, "stream": True}
+    """One streamed greedy turn of 16 tokens (min_tokens too, as pdx bench sends): TTFT, the
+    router's and prefill's part of it, outcome, text."""
+    body = {"model": model, "messages": messages, "max_tokens": 16, "min_tokens": 16, "temperature": 0, "stream": True}
     req = urllib.request.Request(
         url + "/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
     )
     start, ttft, text = time.perf_counter(), 0.0, ""
-    with urllib.request.urlopen(req, timeout=600) as resp:
+    try:
+        resp = urllib.request.urlopen(req, timeout=600)
+    except urllib.error.HTTPError as err:
+        raise SystemExit(f"{url}: {err.code} {err.read()[:500]!r}") from None
+    with resp:
         headers = {k.lower(): v for k, v in resp.headers.items()}
         for raw in resp:
             line = raw.decode().strip()
@@ -60,6 +71,8 @@ def main() -> int:
     p.add_argument("-f", "--file", type=Path, help="a DisaggregatedInference (default: the embedded local one)")
     p.add_argument("--conversations", type=int, default=8, help="per router, alternated (default 8)")
     p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--history-entries", type=int, default=250, help="first turn's size (~16 tokens an entry)")
+    p.add_argument("--tool-rows", type=int, default=150, help="each follow-up's tool output (~8 tokens a row)")
     args = p.parse_args()
     doc: dict[str, Any] = yaml.safe_load(args.file.read_text()) if args.file else copy.deepcopy(default_document())
     spec = doc["spec"]
@@ -74,11 +87,12 @@ def main() -> int:
         for c in range(args.conversations):
             pair = [("first", topo.router_url), ("decode", plain)]
             for name, url in pair if c % 2 == 0 else pair[::-1]:
-                msgs = [{"role": "user", "content": f"{name} {c}: {HISTORY}"}]
+                msgs = [{"role": "user", "content": f"{name} {c}: {history(args.history_entries)}"}]
                 for t in range(args.turns):
                     ttft, before, outcome, text = turn(url, model, msgs)
                     rows[name].append((t, ttft, ttft - before, outcome))
-                    msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": f"tool {t}: {TOOL}"}]
+                    tool = tool_output(args.tool_rows, t)
+                    msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": f"tool {t}: {tool}"}]
     print("turn  first token  n  TTFT p50  after prefill p50  outcomes")
     p50: dict[tuple[str, int], float] = {}
     for name, got in rows.items():

@@ -94,10 +94,9 @@ async def test_the_first_chunk_leaves_before_decodes_first_token(
         {"max_tokens": 1},
         {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"},
         {"response_format": {"type": "json_object"}},
-        {"min_tokens": 4},
         {"return_token_ids": True},
     ],
-    ids=["not-streamed", "n2", "logprobs", "seed", "one-token", "tools", "json", "min-tokens", "ids"],
+    ids=["not-streamed", "n2", "logprobs", "seed", "one-token", "tools", "json", "ids"],
 )
 async def test_what_decodes_first_token_depends_on_keeps_the_usual_path(
     make_stack: StackFactory, http: aiohttp.ClientSession, extra: dict[str, Any]
@@ -192,3 +191,16 @@ async def test_a_streamed_completion_reads_the_same_text_with_prefills_first_tok
         texts.append("".join(c["choices"][0].get("text") or "" for c in chunks if c.get("choices")))
         assert (chunks[0]["id"] == "cmpl-" + r.headers["X-Request-ID"]) is on  # the opening is the router's
     assert texts[0] == texts[1] and texts[0]
+
+
+async def test_a_fixed_answer_length_takes_the_path_and_prefill_may_not_end_at_its_token(
+    make_stack: StackFactory, http: aiohttp.ClientSession
+) -> None:
+    """pdx bench and vLLM's benchmarks fix the answer's length (min_tokens = max_tokens)."""
+    s = await make_stack(prefill_opts=CHECKS, decode_opts=CHECKS, first_token_from_prefill=True)
+    _, lines, _ = await streamed(http, s, [user(LONG)], max_tokens=32, min_tokens=32)
+    assert orjson.loads(lines[0][6:])["id"].startswith("chatcmpl-") and lines[-1] == b"data: [DONE]"
+    [prefill] = [b for p, b in s.prefill.requests if p.startswith("/v1/")]
+    assert prefill["min_tokens"] == 1 and prefill["max_tokens"] == 1 and prefill["return_token_ids"] is True
+    [body] = decode_bodies(s)
+    assert body["min_tokens"] == 32 and first_token.ARG in body["vllm_xargs"]

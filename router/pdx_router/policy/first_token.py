@@ -10,9 +10,10 @@ so the client reads exactly what decode alone would have sent, one hop sooner.
 Only where that holds: one choice, streamed, no log-probabilities or token ids asked for (the
 opening carries neither), no `seed` (decode's generator would draw a different sequence), no
 tools or structured output (their parsers see the first token in decode's pipeline differently),
-no `min_tokens` (prefill's answer would have to honour it as well), and more than one token to
-generate. A first token that ends the answer (a stop string, the end of text, an empty text)
-keeps the turn on the usual path: decode produces the same ending itself.
+and more than one token to generate. A `min_tokens` goes to prefill as 1 (`prefill_min_tokens`),
+so that its token is not the end of text where decode's could not be. A first token that ends
+the answer (a stop string, the end of text, an empty text) keeps the turn on the usual path:
+decode produces the same ending itself.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ ARG: Final = "pdx_first_token"  # decode's vllm_xargs key (pdx_engine.first_toke
 # A request with any of these set keeps the usual path (see the module's docstring).
 _KEEP_USUAL: Final = (
     "logprobs", "top_logprobs", "seed", "tools", "functions", "response_format", "structured_outputs",
-    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "min_tokens", "echo", "prompt_logprobs",
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "echo", "prompt_logprobs",
     "best_of", "use_beam_search", "return_token_ids",
 )  # fmt: skip
 _NONE_ISH: Final[tuple[object, ...]] = (None, False, 0, "none", [], {})
@@ -39,6 +40,13 @@ SAMPLING: Final = (
     "logit_bias", "stop", "stop_token_ids", "ignore_eos", "bad_words", "allowed_token_ids", "skip_special_tokens",
     "spaces_between_special_tokens", "include_stop_str_in_output", "vllm_xargs",
 )  # fmt: skip
+
+
+def prefill_min_tokens(body: dict[str, Any]) -> int | None:
+    """What prefill's one token honours of the client's `min_tokens`: 1 when any (decode may not
+    end its answer at its first token either), else None."""
+    wanted = body.get("min_tokens")
+    return 1 if type(wanted) is int and wanted >= 1 else None
 
 
 def eligible(body: dict[str, Any]) -> bool:

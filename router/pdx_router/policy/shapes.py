@@ -419,6 +419,8 @@ def prefill_request(
         body = prefill_body(req.body, req.is_chat, kv)
     if first:
         body["return_token_ids"] = True
+        if (least := first_token.prefill_min_tokens(req.body)) is not None:
+            body["min_tokens"] = least
     return path, body
 
 
