@@ -129,8 +129,9 @@ FIRST_TOKEN_CONFLICTS = (
 
 
 def _args_name(where: str, flags: tuple[str, ...]) -> str:
-    """CEL: `where`.extraArgs holds one of `flags` (alone, or as `--flag=value`)."""
-    match = " || ".join(f"a == '{f}' || a.startsWith('{f}=')" for f in flags)
+    """CEL: `where`.extraArgs holds one of `flags` (alone, or as `--flag=value`; the flags are no
+    prefix of another vLLM flag)."""
+    match = " || ".join(f"a.startsWith('{f}')" for f in flags)
     return f"(has(self.{where}.extraArgs) && self.{where}.extraArgs.exists(a, {match}))"
 
 

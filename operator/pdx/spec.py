@@ -46,6 +46,9 @@ CONDITIONS: dict[str, str] = {
 }
 
 Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|m|k|M|G|T)?$")]
+# `vllm serve` arguments: bounded so that the API server can cost the CEL rules that read them
+# (router.firstTokenFromPrefill's); far above what a command line of vLLM flags holds.
+EngineArgs = Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=128)]
 
 
 class _Spec(BaseModel):
@@ -84,8 +87,8 @@ class ModelSpec(_Spec):
     """Concurrent sequences per engine (--max-num-seqs)."""
     load_format: str | None = None
     """vLLM --load-format (e.g. `dummy` for random weights in tests)."""
-    extra_args: list[str] = Field(default_factory=list)
-    """Extra `vllm serve` arguments given to both roles."""
+    extra_args: EngineArgs = Field(default_factory=list)
+    """Extra `vllm serve` arguments given to both roles (at most 128, each at most 4096 characters)."""
 
     @property
     def served_name(self) -> str:
@@ -199,8 +202,8 @@ class RoleSpec(_Spec):
     """Pod affinity/anti-affinity (Kubernetes Affinity object)."""
     prefix_caching: bool | None = None
     """vLLM automatic prefix caching; unset: on, except on prefill under profile `benchmark`."""
-    extra_args: list[str] = Field(default_factory=list)
-    """Extra `vllm serve` arguments for this role only."""
+    extra_args: EngineArgs = Field(default_factory=list)
+    """Extra `vllm serve` arguments for this role only (at most 128, each at most 4096 characters)."""
     tokenize_cache: Quantity = "64Mi"
     """Token ids of prompts' leading parts kept by each engine's API server, so a conversation's
     next turn tokenizes only what it added (pdx_engine.tokenize_cache; the ids are exactly a whole

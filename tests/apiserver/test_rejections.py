@@ -132,6 +132,13 @@ TABLE: dict[str, Row] = {
         "kvTransfer.heldKvMaxFraction needs releaseUnderPressure: true (the valve releases held KV "
         "above the fraction): remove heldKvMaxFraction, or set releaseUnderPressure: true",
     ),
+    "first token from prefill beside a reasoning parser on decode": _cel(
+        "router.firstTokenFromPrefill",
+        "router.firstTokenFromPrefill needs decode without --reasoning-parser, --tool-call-parser, "
+        "--enable-auto-tool-choice, --speculative-config, --logits-processors in model.extraArgs or "
+        "decode.extraArgs (decode's first token would not be prefill's, or vLLM refuses the logits processor): "
+        "remove those arguments, or set firstTokenFromPrefill: false",
+    ),
     "unknown instance type without GPU counts": _cel(
         "placement.instanceType",
         "placement.instanceType has no profile (known: cpu, gpu, p4d.24xlarge, p5.48xlarge, p5e.48xlarge, "

@@ -69,6 +69,11 @@ INVALID = [
         "spec.kvTransfer.heldKvMaxFraction",
     ),
     (
+        "first token from prefill beside a reasoning parser on decode",
+        {"router.firstTokenFromPrefill": True, "decode.extraArgs": ["--reasoning-parser", "qwen3"]},
+        "spec.router.firstTokenFromPrefill",
+    ),
+    (
         "unknown instance type without GPU counts",
         {"placement.instanceType": "g6.xlarge"},
         "spec.placement.instanceType",
