@@ -3,7 +3,8 @@ of engines: the local topology with the switch on (decode has the logits process
 request that names no token) and a second router on the same engines with it off, conversations
 alternated between the two. Prints, per turn, TTFT p50 and the time from prefill's answer to the
 client's first token (TTFT - X-PDX-Router-Ms - X-PDX-Prefill-Ms: decode's hop, or the opening's
-write), and ON/OFF ratios of the p50s.
+write), the gap from the first token to the second (which waits for decode's hop when the first
+is prefill's) and to the last, and the ratios of the TTFT p50s.
 
     .venv/bin/python scripts/bench_first_token.py [-f examples/local-cpu.yaml] [--conversations 8]
 """
@@ -18,6 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +41,24 @@ def tool_output(rows: int, turn: int) -> str:
     return " ".join(f"row {i}: {(i + turn) * 7 % 53}" for i in range(rows))
 
 
-def turn(url: str, model: str, messages: list[dict[str, str]]) -> tuple[float, float, str, str]:
-    """One streamed greedy turn of 16 tokens (min_tokens too, as pdx bench sends): TTFT, the
-    router's and prefill's part of it, outcome, text."""
+@dataclass(frozen=True)
+class Turn:
+    ttft: float  # ms to the first content
+    after_prefill: float  # ttft less the router's and prefill's headers
+    second: float  # ms from the first content to the second
+    rest: float  # ms from the first content to the end
+    outcome: str
+    text: str
+
+
+def turn(url: str, model: str, messages: list[dict[str, str]]) -> Turn:
+    """One streamed greedy turn of 16 tokens (min_tokens too, as pdx bench sends)."""
     body = {"model": model, "messages": messages, "max_tokens": 16, "min_tokens": 16, "temperature": 0, "stream": True}
     req = urllib.request.Request(
         url + "/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
     )
-    start, ttft, text = time.perf_counter(), 0.0, ""
+    start, text = time.perf_counter(), ""
+    arrivals: list[float] = []
     try:
         resp = urllib.request.urlopen(req, timeout=600)
     except urllib.error.HTTPError as err:
@@ -60,10 +72,13 @@ def turn(url: str, model: str, messages: list[dict[str, str]]) -> tuple[float, f
             for choice in json.loads(line[6:]).get("choices", []):
                 piece = (choice.get("delta") or {}).get("content")
                 if piece:
-                    ttft = ttft or (time.perf_counter() - start) * 1000
+                    arrivals.append((time.perf_counter() - start) * 1000)
                     text += piece
+    end = (time.perf_counter() - start) * 1000
     before = float(headers.get("x-pdx-router-ms", 0)) + float(headers.get("x-pdx-prefill-ms", 0))
-    return ttft, before, headers.get("x-pdx-reuse", "-"), text
+    ttft = arrivals[0]
+    second = arrivals[1] - ttft if len(arrivals) > 1 else 0.0
+    return Turn(ttft, ttft - before, second, end - ttft, headers.get("x-pdx-reuse", "-"), text)
 
 
 def main() -> int:
@@ -79,7 +94,7 @@ def main() -> int:
     spec["kvTransfer"]["bidirectional"] = True
     router = spec.setdefault("router", {})
     router.update(firstTokenFromPrefill=True, reuseHeaders=True, decodeLocalMaxTokens=0, decodeLocalIdleMaxTokens=0)
-    rows: dict[str, list[tuple[int, float, float, str]]] = {"first": [], "decode": []}
+    rows: dict[str, list[tuple[int, Turn]]] = {"first": [], "decode": []}
     with LocalTopology(doc) as topo, second_router(topo, "--no-first-token-from-prefill") as plain:
         with urllib.request.urlopen(topo.router_url + "/v1/models", timeout=30) as resp:
             model = json.loads(resp.read())["data"][0]["id"]
@@ -89,19 +104,24 @@ def main() -> int:
             for name, url in pair if c % 2 == 0 else pair[::-1]:
                 msgs = [{"role": "user", "content": f"{name} {c}: {history(args.history_entries)}"}]
                 for t in range(args.turns):
-                    ttft, before, outcome, text = turn(url, model, msgs)
-                    rows[name].append((t, ttft, ttft - before, outcome))
-                    tool = tool_output(args.tool_rows, t)
-                    msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": f"tool {t}: {tool}"}]
-    print("turn  first token  n  TTFT p50  after prefill p50  outcomes")
+                    got = turn(url, model, msgs)
+                    rows[name].append((t, got))
+                    answer = {"role": "assistant", "content": got.text}
+                    msgs += [answer, {"role": "user", "content": f"tool {t}: {tool_output(args.tool_rows, t)}"}]
+    print("turn  first token  n  TTFT p50  after prefill p50  2nd token after p50  end after p50  outcomes")
     p50: dict[tuple[str, int], float] = {}
-    for name, got in rows.items():
+    for name, turns in rows.items():
         for t in range(args.turns):
-            xs = [r for r in got if r[0] == t]
-            p50[name, t] = statistics.median(r[1] for r in xs)
-            after = statistics.median(r[2] for r in xs)
-            outcomes = ",".join(sorted({r[3] for r in xs}))
-            print(f"{t + 1:>4}  {name:>11}  {len(xs)}  {p50[name, t]:8.1f}  {after:17.1f}  {outcomes}")
+            xs = [r for i, r in turns if i == t]
+            p50[name, t] = statistics.median(r.ttft for r in xs)
+            after = statistics.median(r.after_prefill for r in xs)
+            second = statistics.median(r.second for r in xs)
+            rest = statistics.median(r.rest for r in xs)
+            outcomes = ",".join(sorted({r.outcome for r in xs}))
+            print(
+                f"{t + 1:>4}  {name:>11}  {len(xs)}  {p50[name, t]:8.1f}  {after:17.1f}  {second:19.1f}  {rest:13.1f}"
+                f"  {outcomes}"
+            )
     for t in range(args.turns):
         print(f"turn {t + 1}: TTFT p50 prefill's first token / decode's = {p50['first', t] / p50['decode', t]:.3f}")
     return 0
