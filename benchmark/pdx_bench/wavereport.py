@@ -190,6 +190,7 @@ SECTIONS = (
     ("agentic", "The agentic mix: outcomes and ON/bound per suffix bucket"),
     ("load", "Load: 8 clients, OFF and ON"),
     ("overcommit", "One overcommit point: held KV over decode's cache, the valve on"),
+    ("first", "Prefill's first token (PARTS=first): the D->P path with decode's and with prefill's first token"),
 )
 
 
@@ -239,7 +240,7 @@ def write(out: Path) -> Path:
             _agentic_table(summary)
             if name == "agentic"
             else _points_table(summary)
-            if name == "overcommit"
+            if name in ("overcommit", "first")
             else _rows_table(summary)
         )
         legs = summary.get("context", {}).get("wave legs run", "")

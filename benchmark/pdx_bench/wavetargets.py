@@ -145,6 +145,18 @@ def verdicts(out: Path, sweep_data: Mapping[str, Any] | None) -> list[Verdict]:
         growth((sweep_data or {}).get("on_growth_8k_24k")),
         tpot(_json(out / "tpot" / "decode-local.json")),
         correct(_json(out / "correct" / "summary.json")),
+        *first_token(part("first")),
+    ]
+
+
+def first_token(summary: Mapping[str, Any] | None) -> list[Verdict]:
+    """The optional part `first`, where it ran: the D->P path with prefill's first token over the
+    bound, beside the same path with decode's."""
+    if summary is None:
+        return []
+    return [
+        over_bound(summary, "dp", f"2k-token suffixes, the D->P path (part `first`): D->P/bound <= {BOUND}x"),
+        over_bound(summary, "dp-first", f"the same with prefill's first token (firstTokenFromPrefill): <= {BOUND}x"),
     ]
 
 

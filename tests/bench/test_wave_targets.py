@@ -82,3 +82,12 @@ def test_the_files_of_a_wave_are_read_by_part(tmp_path: Path) -> None:
     assert got["the sweep's longest point: ON p99 <= OFF p99"] is True
     assert got["ON p50 growth from 8k to 24k <= 1.5x"] is True
     assert wt.to_json(wt.verdicts(tmp_path, None))[0]["issue"] == 41
+
+
+def test_prefills_first_token_is_judged_only_where_the_part_ran() -> None:
+    assert wt.first_token(None) == []  # the default wave has no part `first`
+    points = [_point("bound", 12000, p50=90), _point("dp", 12000, p50=135), _point("dp-first", 12000, p50=100)]
+    first = {"points": points}
+    dp, dp_first = wt.first_token(first)
+    assert (dp.met, dp.figure) == (False, "1.50x at 12k")
+    assert (dp_first.met, dp_first.figure) == (True, "1.11x at 12k")
