@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from vllm.v1.sample.logits_processor.interface import BatchUpdate, LogitsProcessor, MoveDirectionality
 
+from pdx_contract.first_token import ARG  # the key in a request's vllm_xargs (SamplingParams.extra_args)
+
 if TYPE_CHECKING:
     from vllm import SamplingParams
     from vllm.config import VllmConfig
-
-ARG = "pdx_first_token"  # the key in a request's vllm_xargs (SamplingParams.extra_args)
 
 
 def forced_token(params: SamplingParams | None) -> int | None:

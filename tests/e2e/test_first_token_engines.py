@@ -20,6 +20,7 @@ import pytest
 
 from pdx.local import default_document
 from pdx.local.topology import LocalTopology
+from pdx_contract.first_token import ARG
 from tests.e2e.chat import MODEL, chat
 
 pytest.importorskip("vllm", reason="needs the engine extra (scripts/setup.sh)")
@@ -103,6 +104,6 @@ def test_decode_starts_with_the_token_it_is_told_and_goes_on_from_it(topo: Local
 
     greedy = complete()
     other = (greedy[0] + 1) % 1000
-    forced = complete(vllm_xargs={"pdx_first_token": other})
+    forced = complete(vllm_xargs={ARG: other})
     assert forced[0] == other and forced != greedy  # told another token: it starts there, greedy after
-    assert complete(vllm_xargs={"pdx_first_token": greedy[0]}) == greedy  # told its own: nothing changes
+    assert complete(vllm_xargs={ARG: greedy[0]}) == greedy  # told its own: nothing changes

@@ -47,5 +47,5 @@ def body(d: Draw) -> dict[str, Any]:
         if d.chance(0.12):
             out[name] = value(d)
     if d.chance(0.2):
-        out["vllm_xargs"] = {"kv_transfer_params": value(d), "x": 1}
+        out["vllm_xargs"] = {"kv_transfer_params": value(d), "pdx_first_token": value(d), "x": 1}
     return out

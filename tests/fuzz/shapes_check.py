@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 from multidict import CIMultiDict
 
+from pdx_contract.first_token import ARG as FIRST_TOKEN_ARG
 from pdx_contract.router_config import TenancyConfig
 from pdx_router.policy import shapes
 
@@ -43,6 +44,7 @@ def check_shapes(body: dict[str, Any], headers: list[tuple[str, str]], is_chat: 
     assert "kv_transfer_params" not in req.body and "conversation_id" not in req.body
     xargs = req.body.get("vllm_xargs")
     assert not (isinstance(xargs, dict) and "kv_transfer_params" in xargs), "kv_transfer_params through vllm_xargs"
+    assert not (isinstance(xargs, dict) and FIRST_TOKEN_ARG in xargs), "decode's first token set by a client"
     assert req.stream is (body.get("stream") is True), f"stream read as {req.stream} from {body.get('stream')!r}"
     _, pbody = shapes.prefill_request(req, None, None)
     assert pbody["kv_transfer_params"] == shapes.FRESH_PREFILL_KV and pbody["stream"] is False

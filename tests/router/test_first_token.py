@@ -11,6 +11,7 @@ import aiohttp
 import orjson
 import pytest
 
+from pdx_contract.first_token import ARG
 from pdx_router.policy import first_token
 
 from .conftest import Stack, StackFactory
@@ -68,7 +69,7 @@ async def test_a_streamed_conversation_reads_the_same_text_with_prefills_first_t
         runs[name] = texts, outcomes
     assert runs["first"] == runs["usual"]  # the same text turn for turn, and the history still found
     assert runs["first"][1] == ["miss", "hit", "hit"]
-    assert all(first_token.ARG in b.get("vllm_xargs", {}) for b in decode_bodies(first))
+    assert all(ARG in b.get("vllm_xargs", {}) for b in decode_bodies(first))
     assert not any("vllm_xargs" in b for b in decode_bodies(usual))
 
 
@@ -106,7 +107,7 @@ async def test_what_decodes_first_token_depends_on_keeps_the_usual_path(
     assert status == 200
     prefill = [b for p, b in s.prefill.requests if p.startswith("/v1/")]
     assert prefill and "return_token_ids" not in prefill[-1]
-    assert all(first_token.ARG not in (b.get("vllm_xargs") or {}) for b in decode_bodies(s))
+    assert all(ARG not in (b.get("vllm_xargs") or {}) for b in decode_bodies(s))
 
 
 async def test_an_unreachable_decode_after_the_opening_is_replaced_and_starts_with_the_same_token(
@@ -118,7 +119,7 @@ async def test_an_unreachable_decode_after_the_opening_is_replaced_and_starts_wi
     assert status == 200 and lines[-1] == b"data: [DONE]"
     words = stream_text(lines).split()
     assert len(words) == s.decodes[1].opts.output_tokens - 1  # the first word once, not twice
-    forced = [b["vllm_xargs"][first_token.ARG] for p, b in s.decodes[1].requests if "vllm_xargs" in b]
+    forced = [b["vllm_xargs"][ARG] for p, b in s.decodes[1].requests if "vllm_xargs" in b]
     assert len(forced) == 1 and s.cluster.decode([forced[0]]) == words[0]
 
 
@@ -203,4 +204,4 @@ async def test_a_fixed_answer_length_takes_the_path_and_prefill_may_not_end_at_i
     [prefill] = [b for p, b in s.prefill.requests if p.startswith("/v1/")]
     assert prefill["min_tokens"] == 1 and prefill["max_tokens"] == 1 and prefill["return_token_ids"] is True
     [body] = decode_bodies(s)
-    assert body["min_tokens"] == 32 and first_token.ARG in body["vllm_xargs"]
+    assert body["min_tokens"] == 32 and ARG in body["vllm_xargs"]

@@ -51,6 +51,11 @@ def test_client_kv_transfer_params_never_survive() -> None:
     assert "kv_transfer_params" not in d
 
 
+def test_a_clients_first_token_for_decode_never_survives() -> None:
+    body, _ = clean_client_body({"messages": [], "vllm_xargs": {"pdx_first_token": 7, "mine": 1}})
+    assert body["vllm_xargs"] == {"mine": 1}  # the router's key goes, the client's own stays
+
+
 def test_prefill_body_is_one_token_unstreamed() -> None:
     p = prefill_body(
         {"stream": True, "stream_options": {"include_usage": True}, "max_tokens": 99, "min_tokens": 3}, False, None

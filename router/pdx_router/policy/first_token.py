@@ -4,8 +4,8 @@ Every P/D turn has prefill sample one token, which the reference protocol throws
 client's first token is decode's, after the second hop (decode's API, the P->D read, its first
 step). With this on, a streamed turn's first chunk is prefill's token, written as soon as prefill
 answers; decode is asked to start with that same token (`pdx_engine.first_token`, a logits
-processor keyed by `vllm_xargs.pdx_first_token`) and what it streams of it is cut from its stream,
-so the client reads exactly what decode alone would have sent, one hop sooner.
+processor keyed by `pdx_contract.first_token.ARG` in `vllm_xargs`) and what it streams of it is
+cut, so the client reads exactly what decode alone would have sent, one hop sooner.
 
 Only where that holds: one choice, streamed, no log-probabilities or token ids asked for (the
 opening carries neither), no `seed` (decode's generator would draw a different sequence), no
@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
-
-ARG: Final = "pdx_first_token"  # decode's vllm_xargs key (pdx_engine.first_token.ARG)
 
 # A request with any of these set keeps the usual path (see the module's docstring).
 _KEEP_USUAL: Final = (

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdx_contract.first_token import ARG as FIRST_TOKEN_ARG
 from pdx_contract.holds import LOCAL_TURN_KV
 from pdx_contract.router_config import ConversationFrom, TenancyConfig
 
@@ -282,17 +283,21 @@ def request_id(sent: str | None, fresh: str) -> str:
     return sent if sent is not None and _REQUEST_ID.fullmatch(sent) else fresh
 
 
+# vllm_xargs keys only the router sets. vLLM merges vllm_xargs into the request's extra args,
+# where its connector reads kv_transfer_params (the same field by another door) and decode's
+# logits processor the first token it must produce.
+_ROUTER_XARGS = ("kv_transfer_params", FIRST_TOKEN_ARG)
+
+
 def clean_client_body(body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """Drop what a client must never control (kv_transfer_params, conversation_id) and
-    remember whether the client itself asked for token ids."""
+    """Drop what a client must never control (kv_transfer_params, conversation_id, the router's
+    vllm_xargs) and remember whether the client itself asked for token ids."""
     out = dict(body)
     out.pop("kv_transfer_params", None)
     out.pop("conversation_id", None)
     xargs = out.get("vllm_xargs")
-    if isinstance(xargs, dict) and "kv_transfer_params" in xargs:
-        # vLLM merges vllm_xargs into the request's extra args, where its connector reads
-        # kv_transfer_params: the same field by another door.
-        out["vllm_xargs"] = {k: v for k, v in xargs.items() if k != "kv_transfer_params"}
+    if isinstance(xargs, dict) and any(k in xargs for k in _ROUTER_XARGS):
+        out["vllm_xargs"] = {k: v for k, v in xargs.items() if k not in _ROUTER_XARGS}
     return out, bool(out.get("return_token_ids"))
 
 
@@ -454,7 +459,7 @@ def decode_request(
         out = pin_completion_prompt(out, compared_ids)
     if first_token_id is not None:
         xargs = out.get("vllm_xargs")
-        out["vllm_xargs"] = {**(xargs if isinstance(xargs, dict) else {}), first_token.ARG: first_token_id}
+        out["vllm_xargs"] = {**(xargs if isinstance(xargs, dict) else {}), FIRST_TOKEN_ARG: first_token_id}
     return out
 
 

@@ -20,8 +20,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from pdx_contract import first_token, kv_prefix
 from pdx_contract import holds as holds_contract
-from pdx_contract import kv_prefix
 from pdx_contract import load as load_contract
 from pdx_router.chat_tokens import ChatTokenizer
 
@@ -587,7 +587,7 @@ class FakeEngine:
             self.cluster.locals.append(LocalPrefill(self.opts.engine_id, len(prompt), self.cached(prompt)))
         rid = f"cmpl-{self.opts.engine_id}-{next(self._ids)}"
         out = self._generate(prompt)
-        forced = (body.get("vllm_xargs") or {}).get("pdx_first_token")
+        forced = (body.get("vllm_xargs") or {}).get(first_token.ARG)
         if self.opts.forces_first_token and type(forced) is int:
             out = [forced, *out[1:]]
         ids = bool(body.get("return_token_ids"))
