@@ -563,11 +563,16 @@ class Router:
         self._finish(done)
         return out
 
-    def _open(self, req: Request, ask: ClientRequest, done: Prefilled, first: first_token.First) -> Opened:
-        """Begin the client's answer with prefill's token (policy.first_token), before decode's hop."""
+    def _event_stream(self, req: Request, ask: ClientRequest, done: Prefilled) -> Stream:
+        """The client's streamed answer, bound to its connection (its head leaves with the first write)."""
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         out = Stream(200, {**headers, **self._answer_headers(ask, done)})
         out.start(req)
+        return out
+
+    def _open(self, req: Request, ask: ClientRequest, done: Prefilled, first: first_token.First) -> Opened:
+        """Begin the client's answer with prefill's token (policy.first_token), before decode's hop."""
+        out = self._event_stream(req, ask, done)
         chunk_id = ("chatcmpl-" if ask.is_chat else "cmpl-") + ask.request_id
         out.write(first_token.opening(first, ask.is_chat, chunk_id, ask.body.get("model"), int(time.time())))
         self.metrics.ttft.observe(time.perf_counter() - done.started)
@@ -628,12 +633,7 @@ class Router:
             # request asked for is refused, never relayed through the other form's filter.
             if head.content_type != "text/event-stream":
                 raise MalformedAnswer(decode, head.status, f"a {head.content_type} answer, not text/event-stream")
-            if opened is not None:
-                out = opened.out
-            else:
-                headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-                out = Stream(200, {**headers, **self._answer_headers(ask, done)})
-                out.start(req)
+            out = opened.out if opened is not None else self._event_stream(req, ask, done)
             return await self._relay_events(ask, done, decode, relay, out)
         except (asyncio.CancelledError, ConnectionResetError):
             # The client left: its handler is cancelled, or a write finds its socket closing (it
