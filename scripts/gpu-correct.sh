@@ -13,10 +13,11 @@
 # Exit 0: every check passed; 1: a check failed; 2: the run could not finish (OUT_DIR/error.txt);
 # 124: out of time (the engines are stopped first, their logs kept).
 # Environment: PYTHON (python3), CR (examples/local-gpu-correct.yaml), TOLERANCE (1e-3, the
-# largest |logprob on - off| allowed), LIMIT_S (540: under a 600 s command limit).
+# largest |logprob on - off| allowed), LIMIT_S (540: under a 600 s command limit), FIRST_TOKEN
+# (1: a third run with prefill's first token streamed, router.firstTokenFromPrefill; OUT_DIR/first).
 set -uo pipefail
 [[ $# -ge 1 ]] || {
-  sed -n '8,16p' "$0" >&2
+  sed -n '8,17p' "$0" >&2
   exit 2
 }
 mkdir -p "$1" && out=$(cd "$1" && pwd) || exit 2
@@ -32,6 +33,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/gpu.
 cat "$out/gpu.txt"
 args=(--out "$out" -f "${CR:-examples/local-gpu-correct.yaml}")
 [[ -z ${TOLERANCE:-} ]] || args+=(--tolerance "$TOLERANCE")
+[[ ${FIRST_TOKEN:-0} != 1 ]] || args+=(--first-token)
 for setting in "$@"; do
   args+=(--set "$setting")
 done

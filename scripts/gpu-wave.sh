@@ -86,8 +86,11 @@ if [[ $profile == gpu && ( -z ${PARTS:-} || ,$PARTS, == *,correct,* ) ]]; then
   left=$((budget - (SECONDS - start) - 15))
   if ((left >= 90)); then
     limit=$((left < 540 ? left : 540))
-    log "correct: scripts/gpu-correct.sh (LIMIT_S $limit)"
-    LIMIT_S=$limit bash scripts/gpu-correct.sh "$out/correct" >"$out/correct.out" 2>&1
+    # With the part `first` asked for, correct runs prefill's first token too (a third start).
+    first=0
+    [[ ,${PARTS:-}, != *,first,* ]] || first=1
+    log "correct: scripts/gpu-correct.sh (LIMIT_S $limit, FIRST_TOKEN $first)"
+    FIRST_TOKEN=$first LIMIT_S=$limit bash scripts/gpu-correct.sh "$out/correct" >"$out/correct.out" 2>&1
     log "correct: exit $?"
     cp "$out/correct.out" "$out/correct/" 2>/dev/null
     pack correct correct

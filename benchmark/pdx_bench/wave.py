@@ -227,7 +227,10 @@ class Plan:
 
     @property
     def reserve_s(self) -> float:
-        return self.costs.correct_s if self.correct else 0.0
+        """gpu-correct.sh's two starts, and a third where the part `first` runs (FIRST_TOKEN=1)."""
+        if not self.correct:
+            return 0.0
+        return self.costs.correct_s * (1.5 if any(p.name == "first" for p in self.parts) else 1.0)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -63,6 +63,21 @@ def test_first_turns_growth_and_the_correctness_check() -> None:
         "checks": [{"name": "greedy_outputs_equal", "passed": False}, {"name": "x", "passed": True}],
     }
     assert wt.correct(failed).figure == "FAIL: greedy_outputs_equal" and wt.correct(failed).met is False
+    assert wt.correct({"passed": False, "error": "OutOfTime"}).figure == "FAIL: OutOfTime"
+
+
+def test_the_correctness_runs_third_leg_is_judged_apart_from_the_defaults() -> None:
+    """FIRST_TOKEN=1: prefill's first token failing does not fail the defaults, and is its own verdict."""
+    checks = [
+        {"name": "greedy_outputs_equal", "passed": True, "detail": "23 of 23"},
+        {"name": "first_token_text_equal", "passed": False, "detail": "grow turn 1: 'a' != 'b'"},
+        {"name": "first_token_from_prefill", "passed": True, "detail": "23 of 23 turns opened"},
+    ]
+    summary = {"passed": False, "checks": checks}
+    assert wt.correct(summary).met is True
+    (third,) = wt.correct_first(summary)
+    assert third.met is False and third.figure.startswith("FAIL: first_token_text_equal (grow turn 1")
+    assert wt.correct_first({"passed": True, "checks": checks[:1]}) == []  # no third run, no verdict
 
 
 @pytest.mark.parametrize(("local", "rise", "met"), [(16, 0.013, True), (16, 0.12, False), (0, 0.0, None)])

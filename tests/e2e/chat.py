@@ -21,6 +21,7 @@ class Answer:
     prompt_tokens: int = 0
     token_ids: list[int] | None = None  # the output's ids, when asked for (return_token_ids)
     prompt_ids: list[int] | None = None  # the prompt's ids as the engine rendered it, when asked for
+    first_id: str = ""  # the first chunk's id: the router's own when it streamed prefill's token
 
     @property
     def reuse(self) -> str:
@@ -38,17 +39,19 @@ def chat(
     max_tokens: int = 12,
     token_ids: bool = False,
     api_key: str | None = None,
+    logprobs: bool = True,
 ) -> Answer:
     """One streamed, greedy turn through the router (as an agent sends it).
 
     `token_ids`: ask for the prompt's and the output's ids (vLLM's return_token_ids), which the
-    router passes on to a client that asked; token texts alone can hide two ids of equal text."""
+    router passes on to a client that asked; token texts alone can hide two ids of equal text.
+    `logprobs=False` asks as most agents do (and lets the router stream prefill's first token)."""
     body: dict[str, Any] = {
         "model": MODEL,
         "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0,
-        "logprobs": True,
+        "logprobs": logprobs,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -63,10 +66,11 @@ def chat(
     req = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(), headers=headers)
     start = time.perf_counter()
     ttft = 0.0
-    text, logprobs, tokens, prompt_tokens = [], [], [], 0
+    text, lps, tokens, prompt_tokens = [], [], [], 0
     ids: list[int] = []
     prompt_ids: list[int] | None = None
     done = False
+    first_id = ""
     with urllib.request.urlopen(req, timeout=900) as resp:
         got = {k.lower(): v for k, v in resp.headers.items()}
         for raw in resp:
@@ -75,6 +79,7 @@ def chat(
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
+            first_id = first_id or chunk.get("id", "")
             # A turn that fails after the status line ends with an error event and no [DONE]:
             # a failed turn, not an empty answer.
             assert "error" not in chunk, f"the turn failed: {chunk['error']}"
@@ -94,10 +99,12 @@ def chat(
                     ttft = ttft or (time.perf_counter() - start) * 1000
                     text.append(piece)
                 for lp in (choice.get("logprobs") or {}).get("content") or []:
-                    logprobs.append(lp["logprob"])
+                    lps.append(lp["logprob"])
                     tokens.append(lp["token"])
     assert done, "the stream ended without [DONE]"
-    return Answer("".join(text), logprobs, tokens, ttft, got, prompt_tokens, ids if token_ids else None, prompt_ids)
+    return Answer(
+        "".join(text), lps, tokens, ttft, got, prompt_tokens, ids if token_ids else None, prompt_ids, first_id
+    )
 
 
 def metric(url: str, name: str) -> float:

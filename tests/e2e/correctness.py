@@ -13,9 +13,12 @@ scripted conversations (tests/e2e/conversations.py); then:
 The end-to-end tests judge their CPU runs with these checks (tests/e2e/test_real_engines.py);
 a GPU machine, which has no fixtures to share, runs the whole thing (scripts/gpu-correct.sh):
 
-    python -m tests.e2e.correctness --out OUT [-f examples/local-gpu-correct.yaml] [--set FIELD=VALUE]
+    python -m tests.e2e.correctness --out OUT [-f examples/local-gpu-correct.yaml] [--set FIELD=VALUE] [--first-token]
 
 OUT gets summary.json and summary.md (every figure) and both runs' logs (OUT/off, OUT/on).
+`--first-token` adds a third run (OUT/first): bidirectional on, prefill's first token streamed to
+the client, every follow-up through prefill, turns asked without log-probabilities (which keep
+the usual path); each turn's text must equal OFF's and begin with prefill's token.
 Exit 0: every check passed; 1: one failed; 2: the run could not finish (OUT/error.txt says why).
 """
 
@@ -62,6 +65,10 @@ READS_NOTHING = ("edited_first", "diverged")
 NOT_READ = ("prefix_mismatch", "below_threshold")  # prefill's verdicts that read nothing
 # float32 engines: the CPU build gave bit-equal logprobs; wrong KV moved them by 0.0088.
 LOGPROB_TOLERANCE = 1e-3
+# The third run (--first-token): prefill's first token streamed to the client, every follow-up
+# through prefill (decode-local off), so each one reads decode's KV and then starts decode with
+# prefill's token.
+FIRST_TOKEN = {"router.firstTokenFromPrefill": True, "router.decodeLocalMaxTokens": 0}
 
 
 @dataclass(frozen=True)
@@ -134,16 +141,20 @@ def converse(
     script: Sequence[TurnScript],
     before_turn: Callable[[str, int], None] | None = None,
     decode: str | None = None,
+    as_agent: bool = False,
 ) -> list[Turn]:
     """One scripted conversation through the router, with prefill's reads (and decode's own
-    prefix-cache hits, what a decode-local turn reuses) counted per turn."""
+    prefix-cache hits, what a decode-local turn reuses) counted per turn. `as_agent`: ask as most
+    agents do, without log-probabilities or token ids (what lets the router stream prefill's
+    first token); else ask for both, to compare token for token."""
     turns: list[Turn] = []
     for i, build in enumerate(script):
         if before_turn:
             before_turn(name, i)
         before = metric(prefill, NIXL_READS)
         hits = metric(decode, PREFIX_HITS) if decode else 0.0
-        answer = chat(router, build([t.answer for t in turns]), conversation=name, token_ids=True)
+        messages = build([t.answer for t in turns])
+        answer = chat(router, messages, conversation=name, token_ids=not as_agent, logprobs=not as_agent)
         reads = metric(prefill, NIXL_READS) - before
         turns.append(Turn(answer, reads, (metric(decode, PREFIX_HITS) - hits) if decode else 0.0))
     return turns
@@ -185,13 +196,16 @@ def observe(topo: LocalTopology, turns: dict[str, list[Turn]], started: float | 
     )
 
 
-def run_leg(topo: LocalTopology, names: Iterable[str] = COMPARED) -> Leg:
+def run_leg(topo: LocalTopology, names: Iterable[str] = COMPARED, as_agent: bool = False) -> Leg:
     """Warm up, then every named conversation in turn, on a started topology."""
     started = time.monotonic()
     warm_up(topo.router_url)
     scripts = {**SCENARIOS, **LONG}
     prefill, decode = topo.engine_urls["prefill"][0], topo.engine_urls["decode"][0]
-    turns = {name: converse(topo.router_url, prefill, name, scripts[name], decode=decode) for name in names}
+    turns = {
+        name: converse(topo.router_url, prefill, name, scripts[name], decode=decode, as_agent=as_agent)
+        for name in names
+    }
     return observe(topo, turns, started)
 
 
@@ -374,14 +388,76 @@ def _reused(row: Mapping[str, Any]) -> bool:
     return bool(row["reuse"] == "hit" and row["reads"] >= 1)
 
 
+def opens_with_prefills_token(off: Answer) -> bool:
+    """Whether the router streams prefill's first token for this turn (policy.first_token): more
+    than one token, and a first token of its own text (not one that ends the answer, not part of
+    a character), as decode's greedy answer in the OFF run shows."""
+    return len(off.tokens) > 1 and bool(off.tokens[0]) and "\ufffd" not in off.tokens[0]
+
+
+def first_token_checks(off: Leg, first: Leg, names: Sequence[str] = COMPARED) -> tuple[list[Check], dict[str, Any]]:
+    """The third run's checks: asked as an agent asks (no log-probabilities, no ids), with prefill's
+    first token streamed, every turn's text equals OFF's; every turn that could open with prefill's
+    token did (its first chunk is the router's); and the follow-ups read decode's KV first."""
+    pairs = [
+        (name, i, t_off.answer, t_first)
+        for name in names
+        for i, (t_off, t_first) in enumerate(zip(off.turns.get(name, []), first.turns.get(name, []), strict=False))
+    ]
+    missing = [n for n in names if len(first.turns.get(n, [])) != len(off.turns.get(n, []))]
+    unequal = [
+        f"{name} turn {i}: {t.answer.text!r} != {a_off.text!r}"
+        for name, i, a_off, t in pairs
+        if t.answer.text != a_off.text or not a_off.text
+    ]
+    meant = [(name, i, t) for name, i, a_off, t in pairs if opens_with_prefills_token(a_off)]
+    not_opened = [
+        f"{name} turn {i} ({t.answer.reuse}): first chunk {t.answer.first_id!r}"
+        for name, i, t in meant
+        if t.answer.first_id != "chatcmpl-" + t.answer.headers.get("x-request-id", "?")
+    ]
+    follow = [(name, i, t) for name, i, _, t in pairs if name in FOLLOW_UPS and i > 0]
+    unread = [f"{name} turn {i}: {t.answer.reuse}, {t.reads:g} reads" for name, i, t in follow if t.reads < 1]
+    checks = [
+        Check(
+            "first_token_text_equal",
+            not (unequal or missing),
+            "; ".join([*(f"{n}: not run" for n in missing), *unequal][:8])
+            or f"{len(pairs)} of {len(pairs)} turns' text equal OFF's",
+        ),
+        Check(
+            "first_token_from_prefill",
+            bool(meant) and not not_opened,
+            "; ".join(not_opened[:8])
+            or (f"{len(meant)} of {len(pairs)} turns opened with prefill's token" if meant else "no turn could"),
+        ),
+        Check(
+            "first_token_follow_ups_read",
+            bool(follow) and not unread,
+            "; ".join(unread[:8]) or f"{len(follow)} follow-ups read decode's KV, then started decode with it",
+        ),
+    ]
+    ttft = [t.answer.ttft_ms for _, _, t in follow]
+    figures = {
+        "turns": len(pairs),
+        "equal": len(pairs) - len(unequal),
+        "opened": len(meant) - len(not_opened),
+        "reuse": dict(Counter(t.answer.reuse for _, _, t in follow)),
+        "ttftP50Ms": _median(ttft),
+    }
+    return checks, figures
+
+
 def judge(
     off: Leg,
     on: Leg,
     tolerance: float = LOGPROB_TOLERANCE,
     names: Sequence[str] = COMPARED,
     loaded: Mapping[str, str] | None = None,
+    first: Leg | None = None,
 ) -> Verdict:
-    """Every check on the two runs' turns and logs (`loaded`: entry_points(), where known)."""
+    """Every check on the two runs' turns and logs (`loaded`: entry_points(), where known), and on
+    the third run's (`first`: prefill's first token streamed) where it ran."""
     rows = turn_rows(off, on, names)
     checks: list[Check] = []
 
@@ -475,9 +551,14 @@ def judge(
         "the router asked nobody for prompt ids",
     )
 
+    first_figures: dict[str, Any] = {}
+    if first is not None:
+        first_checks, first_figures = first_token_checks(off, first, names)
+        checks += first_checks
+
     plugins: dict[str, dict[str, int]] = {}
     wrong: list[str] = []
-    for leg_name, leg in (("off", off), ("on", on)):
+    for leg_name, leg in (("off", off), ("on", on), *((("first", first),) if first else ())):
         for engine, log in leg.logs.items():
             text = log.read_text(errors="replace") if log.is_file() else ""
             counts, problems = plugin_report(text, leg.engine_env.get(engine, {}))
@@ -510,6 +591,7 @@ def judge(
             "off": _median([r["ttftOffMs"] for r in follow]),
             "on": _median([r["ttftOnMs"] for r in follow]),
         },
+        "firstToken": first_figures,
     }
     return Verdict(checks, figures, rows)
 
@@ -539,6 +621,15 @@ def markdown(verdict: Verdict, context: Mapping[str, Any]) -> str:
         f"- ON: {f['onHits']} turns reused decode's KV ({f['onReusedTokens']} tokens), prefill read {f['onReads']:g} "
         f"times; OFF: {f['offReads']:g} reads",
         f"- TTFT p50 of follow-up turns: off {f['ttftP50Ms']['off']} ms, on {f['ttftP50Ms']['on']} ms",
+        *(
+            [
+                f"- prefill's first token streamed (a third run, asked without log-probabilities, decode-local off): "
+                f"{ft['equal']} of {ft['turns']} turns' text equal OFF's, {ft['opened']} opened with prefill's token; "
+                f"follow-ups {ft['reuse']}, TTFT p50 {ft['ttftP50Ms']:.1f} ms"
+            ]
+            if (ft := f.get("firstToken"))
+            else []
+        ),
         f"- engines healthy after (s): {context.get('healthyAfter', {})}",
         f"- KV blocks of {f['blockSize']} tokens; on each later turn decode held `held` tokens, the prompt began with "
         "`in common` of them, and prefill's check should read `expected` (whole blocks, all when all match)",
@@ -618,6 +709,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--set", action="append", default=[], metavar="FIELD=VALUE", help="a spec field, e.g. model.dtype=bfloat16"
     )
     parser.add_argument("--tolerance", type=float, default=LOGPROB_TOLERANCE, help="max |logprob on - off|")
+    parser.add_argument(
+        "--first-token",
+        action="store_true",
+        help="a third run: prefill's first token streamed (router.firstTokenFromPrefill), turns asked as agents ask",
+    )
     args = parser.parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _out_of_time)
     try:
@@ -641,14 +737,17 @@ def _run(args: argparse.Namespace) -> int:
         "device": ", ".join(sorted({g.name for g in gpus})) or "CPU",
         "versions": _versions(),
     }
+    runs = {"off": bidirectional(doc, False), "on": bidirectional(doc, True)}
+    if args.first_token:
+        runs["first"] = with_settings(runs["on"], [f"{k}={json.dumps(v)}" for k, v in FIRST_TOKEN.items()])
     legs: dict[str, Leg] = {}
     try:
-        for name, on in (("off", False), ("on", True)):
+        for name, leg_doc in runs.items():
             shutil.rmtree(out / name, ignore_errors=True)  # logs are appended to: start afresh
-            print(f"correctness: bidirectional {name}: starting ({out / name / 'logs'})", file=sys.stderr)
-            with LocalTopology(bidirectional(doc, on), state_dir=out / name) as topo:
-                legs[name] = run_leg(topo)
-            print(f"correctness: bidirectional {name}: {legs[name].seconds:.0f} s of turns", file=sys.stderr)
+            print(f"correctness: {name}: starting ({out / name / 'logs'})", file=sys.stderr)
+            with LocalTopology(leg_doc, state_dir=out / name) as topo:
+                legs[name] = run_leg(topo, as_agent=name == "first")
+            print(f"correctness: {name}: {legs[name].seconds:.0f} s of turns", file=sys.stderr)
     except Exception as exc:  # the engines, the router or a turn: the run cannot be judged
         (out / "error.txt").write_text(traceback.format_exc())
         (out / "summary.json").write_text(
@@ -662,7 +761,7 @@ def _run(args: argparse.Namespace) -> int:
         kvReadCheck={n: leg.kv_read_check for n, leg in legs.items()},
         turnSeconds={n: leg.seconds for n, leg in legs.items()},
     )
-    verdict = judge(legs["off"], legs["on"], args.tolerance, loaded=entry_points())
+    verdict = judge(legs["off"], legs["on"], args.tolerance, loaded=entry_points(), first=legs.get("first"))
     write_summary(out, verdict, context)
     print(markdown(verdict, context))
     return 0 if verdict.passed else 1

@@ -21,12 +21,14 @@ import pytest
 from tests.e2e.chat import Answer
 from tests.e2e.correctness import (
     COMPARED,
+    FIRST_TOKEN,
     FOLLOW_UPS,
     PLUGINS,
     Leg,
     Turn,
     entry_points,
     expected_reuse,
+    first_token_checks,
     judge,
     main,
     markdown,
@@ -130,6 +132,90 @@ def test_a_follow_up_that_recomputes_fails_though_its_output_is_right(tmp_path: 
         "later_turns_read_the_whole_blocks_they_share",
         "follow_ups_reuse",
     ]
+
+
+def agent_leg(tmp_path: Path) -> Leg:
+    """The third run as right engines give it: OFF's text on every turn, asked without
+    log-probabilities or ids, each turn opened by the router with prefill's token, every
+    follow-up read from decode."""
+    first = leg(True, tmp_path)
+    for name, turns in first.turns.items():
+        for i, t in enumerate(turns):
+            headers = {**t.answer.headers, "x-request-id": f"{name}-{i}"}
+            opened = Answer(t.answer.text, [], [], 9.0, headers, t.answer.prompt_tokens)
+            opened.first_id = f"chatcmpl-{name}-{i}"
+            turns[i] = Turn(opened, 1.0 if i else 0.0)
+    return first
+
+
+def test_a_third_run_with_prefills_first_token_passes_when_it_says_what_off_said(tmp_path: Path) -> None:
+    verdict = judge(leg(False, tmp_path), leg(True, tmp_path), first=agent_leg(tmp_path))
+    assert verdict.passed, verdict.failures
+    names = [c.name for c in verdict.checks]
+    assert {"first_token_text_equal", "first_token_from_prefill", "first_token_follow_ups_read"} <= set(names)
+    assert verdict.figures["firstToken"]["opened"] == verdict.figures["firstToken"]["turns"] == 23
+
+
+def test_the_third_run_fails_on_other_text_on_decodes_own_opening_and_on_a_follow_up_not_read(tmp_path: Path) -> None:
+    off, first = leg(False, tmp_path), agent_leg(tmp_path)
+    t = first.turns["grow"][1]
+    first.turns["grow"][1] = replace(t, answer=replace(t.answer, text="u"))
+    t = first.turns["long0"][0]
+    first.turns["long0"][0] = replace(t, answer=replace(t.answer, first_id="chatcmpl-decodes-own"))
+    t = first.turns["long1"][2]
+    first.turns["long1"][2] = replace(t, reads=0.0)
+    checks = {c.name: c for c in first_token_checks(off, first)[0]}
+    text = checks["first_token_text_equal"]
+    assert not text.passed and "grow turn 1: 'u' != 't'" in text.detail
+    assert checks["first_token_from_prefill"].detail == "long0 turn 0 (miss): first chunk 'chatcmpl-decodes-own'"
+    assert checks["first_token_follow_ups_read"].detail == "long1 turn 2: hit, 0 reads"
+
+
+def test_a_turn_whose_first_token_ends_the_answer_need_not_open_with_prefills(tmp_path: Path) -> None:
+    """One token, or a first token that is part of a character: the router keeps the usual path."""
+    off, first = leg(False, tmp_path), agent_leg(tmp_path)
+    for name, tokens in (("grow", ["7"]), ("long0", ["\ufffd", "8"])):
+        off.turns[name][0] = replace(off.turns[name][0], answer=replace(off.turns[name][0].answer, tokens=tokens))
+        t = first.turns[name][0]
+        first.turns[name][0] = replace(t, answer=replace(t.answer, first_id="chatcmpl-decodes"))
+    checks, figures = first_token_checks(off, first)
+    assert all(c.passed for c in checks) and figures["opened"] == 21
+
+
+def test_the_command_with_first_token_runs_a_third_topology_as_agents_ask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[dict[str, object]] = []
+    asked: list[bool] = []
+
+    class Topology:
+        def __init__(self, document: dict[str, object], state_dir: Path) -> None:
+            started.append(document)
+
+        def __enter__(self) -> Topology:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    legs = iter([leg(False, tmp_path), leg(True, tmp_path), agent_leg(tmp_path)])
+
+    def run_leg(topo: object, as_agent: bool = False) -> Leg:
+        asked.append(as_agent)
+        return next(legs)
+
+    monkeypatch.setattr("pdx.local.topology.LocalTopology", Topology)
+    monkeypatch.setattr("pdx.local.gpus.visible_gpus", lambda: [])
+    monkeypatch.setattr("tests.e2e.correctness.run_leg", run_leg)
+    monkeypatch.setattr("tests.e2e.correctness.entry_points", lambda: dict.fromkeys(PLUGINS, "loads"))
+    assert main(["--out", str(tmp_path / "out"), "--first-token"]) == 0
+    assert asked == [False, False, True]
+    router = started[2]["spec"]["router"]  # type: ignore[index]
+    assert {f"router.{k}": v for k, v in router.items() if f"router.{k}" in FIRST_TOKEN} == FIRST_TOKEN
+    assert started[2]["spec"]["kvTransfer"]["bidirectional"] is True  # type: ignore[index]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["passed"] and summary["figures"]["firstToken"]["equal"] == 23
+    assert "prefill's first token streamed" in (tmp_path / "out" / "summary.md").read_text()
 
 
 def local(turn: Turn, decode_hits: float, router_says: int = 202) -> Turn:
@@ -319,6 +405,23 @@ def test_gpu_correct_sh_runs_this_checkouts_driver_with_the_settings_given(tmp_p
     assert "exit 1 after" in proc.stdout and (tmp_path / "out" / "gpu.txt").is_file()
 
 
+def test_gpu_correct_sh_with_first_token_1_asks_for_the_third_run(tmp_path: Path) -> None:
+    record = tmp_path / "argv.json"
+    fake = tmp_path / "python"
+    fake.write_text(
+        f"#!{sys.executable}\nimport json, sys\n"
+        f"if sys.argv[1:3] == ['-m', 'tests.e2e.correctness']:\n"
+        f"    json.dump(sys.argv[3:], open({str(record)!r}, 'w'))\n"
+    )
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake), "FIRST_TOKEN": "1", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "out"], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(record.read_text())[-1] == "--first-token"
+
+
 def test_gpu_correct_sh_without_an_output_folder_prints_its_usage_and_exits_2() -> None:
     proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and proc.stderr.startswith("#   gpu-correct.sh OUT_DIR [FIELD=VALUE ...]")
@@ -340,7 +443,7 @@ def test_a_sigterm_during_the_run_stops_its_topology_and_leaves_an_error_summary
         def __exit__(self, *exc: object) -> None:
             stopped.append(self.state_dir)
 
-    def run_leg(topo: object) -> None:
+    def run_leg(topo: object, as_agent: bool = False) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(30)  # a turn that hangs: the signal ends it
 
