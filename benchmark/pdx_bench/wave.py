@@ -57,6 +57,8 @@ DP = Leg("dp", (("kvTransfer.bidirectional", True), ("router.decodeLocalMaxToken
 # The D->P path with the client's first token prefill's (router.firstTokenFromPrefill): decode's
 # logits processor is an engine argument, so its own engines (one more start).
 DP_FIRST = Leg("dp-first", (*DP.changes, ("router.firstTokenFromPrefill", True)))
+# ON as it would ship with the switch on: on dp-first's engines (only router fields differ).
+ON_FIRST = Leg("on-first", (*ON.changes, ("router.firstTokenFromPrefill", True)))
 # ON with decode's holds shortened under pressure (`PDX_HELD_KV_SHORTEN=1`; whole is the default,
 # pdx_engine.held_kv.shorten_from_env): what shortening changes at the overcommit point. Its own
 # engines (an engine setting): one more start.
@@ -279,7 +281,8 @@ def _parts_gpu() -> tuple[Part, ...]:
         # Only when asked (PARTS=first): the D->P path with the client's first token prefill's, beside
         # the D->P path and ON's bound, on 2k-token suffixes and on first turns (router.firstTokenFromPrefill).
         Part("first", "2k-token suffixes at 12k and 20k through prefill, the first token decode's and prefill's, "
-             "over the bound", (ON, DP, DP_FIRST), (12000, 20000), replace(base, seed=6), suffixes=(2000,)),
+             "over the bound; ON with the switch too", (ON, DP, DP_FIRST, ON_FIRST), (12000, 20000),
+             replace(base, seed=6), suffixes=(2000,)),
     )  # fmt: skip
 
 
@@ -304,7 +307,7 @@ def _parts_cpu() -> tuple[Part, ...]:
              (ON, SHORTENED, OFF), (1024,),
              replace(base, think_time_s=1.0, shared_prefix=False, seed=5), live=(3,), bound=False),
         Part("first", "long suffixes through prefill, the first token decode's and prefill's, over the bound",
-             (ON, DP, DP_FIRST), (512,), replace(base, seed=6), suffixes=(256,)),
+             (ON, DP, DP_FIRST, ON_FIRST), (512,), replace(base, seed=6), suffixes=(256,)),
     )  # fmt: skip
 
 

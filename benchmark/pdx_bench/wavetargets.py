@@ -177,6 +177,7 @@ def first_token(summary: Mapping[str, Any] | None) -> list[Verdict]:
     return [
         over_bound(summary, "dp", f"2k-token suffixes, the D->P path (part `first`): D->P/bound <= {BOUND}x"),
         over_bound(summary, "dp-first", f"the same with prefill's first token (firstTokenFromPrefill): <= {BOUND}x"),
+        over_bound(summary, "on-first", f"2k-token suffixes, ON with prefill's first token: ON/bound <= {BOUND}x"),
     ]
 
 

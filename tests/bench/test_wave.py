@@ -215,7 +215,12 @@ def test_the_script_prints_the_plan_without_a_gpu(tmp_path: Path) -> None:
 def test_the_first_token_part_runs_only_when_named_and_starts_decodes_processor_its_own_engines() -> None:
     assert "first" not in [p.name for p in wave.plan("gpu").parts]
     steps = wave.plan("gpu", ["first"]).steps()
-    assert [(s.leg.name, s.start) for s in steps] == [("on", True), ("dp", False), ("dp-first", True)]
+    assert [(s.leg.name, s.start) for s in steps] == [
+        ("on", True),
+        ("dp", False),
+        ("dp-first", True),
+        ("on-first", False),  # the switch's engines, the default router fields
+    ]
     on = {"spec": {"kvTransfer": {"bidirectional": True}, "router": {"decodeLocalMaxTokens": 0}}}
     first = {"spec": {"kvTransfer": {"bidirectional": True}, "router": {"firstTokenFromPrefill": True}}}
     assert only_router_differs(on, {"spec": {**on["spec"], "router": {"reuseHeaders": True}}})

@@ -103,6 +103,7 @@ def test_prefills_first_token_is_judged_only_where_the_part_ran() -> None:
     assert wt.first_token(None) == []  # the default wave has no part `first`
     points = [_point("bound", 12000, p50=90), _point("dp", 12000, p50=135), _point("dp-first", 12000, p50=100)]
     first = {"points": points}
-    dp, dp_first = wt.first_token(first)
+    dp, dp_first, on_first = wt.first_token(first)
     assert (dp.met, dp.figure) == (False, "1.50x at 12k")
     assert (dp_first.met, dp_first.figure) == (True, "1.11x at 12k")
+    assert on_first.met is None  # that leg did not run
