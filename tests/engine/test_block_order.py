@@ -59,6 +59,12 @@ def test_the_switch_is_on_unless_set_to_0_and_a_bad_value_names_the_variable() -
 
 def test_vllms_own_pool_hands_out_reused_blocks_downwards_and_patched_upwards(monkeypatch: pytest.MonkeyPatch) -> None:
     pool_module = pytest.importorskip("vllm.v1.core.block_pool")
+    # vLLM's own method, even where an earlier test's import of vLLM loaded pdx's plugins (which
+    # patch BlockPool for the rest of the process); the original comes back after this test
+    own = pool_module.BlockPool.get_new_blocks
+    if getattr(own, block_order._MARK, False):
+        own = own.__wrapped__
+    monkeypatch.setattr(pool_module.BlockPool, "get_new_blocks", own)
 
     def reused(enable_caching: bool) -> list[int]:
         pool = pool_module.BlockPool(num_gpu_blocks=32, enable_caching=enable_caching, hash_block_size=16)
@@ -69,7 +75,6 @@ def test_vllms_own_pool_hands_out_reused_blocks_downwards_and_patched_upwards(mo
     for caching in (False, True):
         before = reused(caching)
         assert before != sorted(before), before  # what the plugin is for: vLLM reuses them downwards
-    monkeypatch.setattr(pool_module.BlockPool, "get_new_blocks", pool_module.BlockPool.get_new_blocks)
     block_order.patch_module(pool_module)
     for caching in (False, True):
         after = reused(caching)
