@@ -31,6 +31,8 @@ class Reply:
     content: str = ""
     first_chunk: str = ""
     ttft_ms: float = -1.0
+    second_chunk: str = ""
+    second_ms: float = -1.0  # to the second chunk with content: where the steady decode starts
     latency_ms: float = -1.0
     start_time_ms: float = 0.0
     content_chunks: int = 0
@@ -141,6 +143,9 @@ def _absorb(reply: Reply, chunk: dict[str, Any], start_ns: int) -> None:
             reply.ttft_ms = (time.perf_counter_ns() - start_ns) / 1e6
             reply.first_chunk = text
         else:
+            if reply.content_chunks == 0:
+                reply.second_ms = (time.perf_counter_ns() - start_ns) / 1e6
+                reply.second_chunk = text
             reply.content_chunks += 1
         reply.content += text
 
@@ -172,11 +177,16 @@ def to_record(
         tpot = (reply.latency_ms - reply.ttft_ms) / (out_tokens - first_tokens)
     if first_tokens > 1:
         ttft = max(0.1, ttft - (first_tokens - 1) * tpot)
+    steady = None
+    rest = out_tokens - first_tokens - max(1, counter.count(reply.second_chunk))
+    if reply.second_ms >= 0 and rest > 0:
+        steady = (reply.latency_ms - reply.second_ms) / rest
     question = conversation.turns[turn - 1].tokens
     cached = 100.0 * max(0, in_tokens - question) / in_tokens if in_tokens > 0 else 0.0
     return RequestRecord(
         ttft_ms=ttft,
         tpot_ms=tpot,
+        steady_tpot_ms=steady,
         latency_ms=reply.latency_ms,
         start_time_ms=reply.start_time_ms,
         input_num_turns=len(messages),

@@ -75,6 +75,8 @@ class PointStats:
     overcommit: float | None = None  # the point's held demand over decode's KV capacity
     held: HeldFigures | None = None  # decode's releases and requests that waited behind held KV
     ttfts: tuple[float, ...] = ()  # the follow-up turns' TTFTs, for intervals
+    latency_p50: float = float("nan")  # the follow-up turns' whole answers
+    steady_tpot_p50: float = float("nan")  # their own decode time per token after the second chunk
 
     def share(self, outcome: str) -> float:
         return self.outcomes.get(outcome, 0) / self.n if self.n else 0.0
@@ -136,6 +138,8 @@ def point_stats(
                 overcommit=overcommit(everything, (decode_capacity or {}).get(leg, ()), prefix if shared_prefix else 0),
                 held=(held_by_point or {}).get(key),
                 ttfts=tuple(ttft),
+                latency_p50=percentile([r.latency_ms for r in group], 50),
+                steady_tpot_p50=percentile([r.steady_tpot_ms for r in group if r.steady_tpot_ms is not None], 50),
             )
         )
     return out
@@ -259,6 +263,8 @@ def to_json(p: PointStats, points: Sequence[PointStats] = ()) -> dict[str, objec
         "background_requests": p.streams,
         "live": p.live,
         "ttft_p99": num(p.ttft_p99),
+        "latency_p50": num(p.latency_p50),
+        "steady_tpot_p50": num(p.steady_tpot_p50),
         "ttft_p99_over_off": None
         if vs_off is None
         else {"ratio": num(vs_off[0]), "low": num(vs_off[1]), "high": num(vs_off[2])},

@@ -75,6 +75,9 @@ class RequestRecord:
     kv_transfer_bytes: float | None = None
     kv_transfer_source: str | None = None
     http_status: int = 200
+    # decode's own time per token after the answer's second chunk: unlike tpot_ms, it leaves out
+    # the gap between the first two tokens (with prefill's first token, decode's whole hop lies there)
+    steady_tpot_ms: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -178,7 +178,26 @@ def first_token(summary: Mapping[str, Any] | None) -> list[Verdict]:
         over_bound(summary, "dp", f"2k-token suffixes, the D->P path (part `first`): D->P/bound <= {BOUND}x"),
         over_bound(summary, "dp-first", f"the same with prefill's first token (firstTokenFromPrefill): <= {BOUND}x"),
         over_bound(summary, "on-first", f"2k-token suffixes, ON with prefill's first token: ON/bound <= {BOUND}x"),
+        steady_tpot(summary),
     ]
+
+
+def steady_tpot(summary: Mapping[str, Any] | None) -> Verdict:
+    """Whether decode under the switch (its logits processor; vLLM 0.26 then runs its V1 model
+    runner) decodes as fast as without: the follow-ups' own time per token after their second
+    chunk, `on-first` over `on`, with the whole answers' latency beside it."""
+    name = f"prefill's first token: TPOT after the second token up by at most {TPOT_RISE:.0%} (on-first/on)"
+    on, switched = _points(summary, "on"), _points(summary, "on-first")
+    pairs = []
+    for n in sorted(set(on) & set(switched)):
+        a, b = switched[n].get("steady_tpot_p50"), on[n].get("steady_tpot_p50")
+        la, lb = switched[n].get("latency_p50"), on[n].get("latency_p50")
+        if a is not None and b:
+            pairs.append((n, float(a) / float(b), float(la) / float(lb) if la is not None and lb else None))
+    if not pairs:
+        return Verdict(name, 43, "-", None)
+    figure = ", ".join(f"{_x(t)} at {n // 1000}k (whole answer {_x(lat)})" for n, t, lat in pairs)
+    return Verdict(name, 43, figure, all(t <= 1 + TPOT_RISE for _, t, _ in pairs))
 
 
 def _met(v: bool | None) -> str:

@@ -159,6 +159,7 @@ D2P_BOOKS = {XFER_TIME: 0.004, POST_TIME: 0.001, XFER_BYTES: 1024.0}
 class FakeRouter:
     first_token_delay: float = 0.05
     token_delay: float = 0.002
+    second_token_delay: float | None = None  # the gap before the second token (default token_delay)
     fail_turn: int | None = None  # answer 500 on this turn (1-based, any conversation)
     bidirectional: bool = True  # off: every turn is a miss and pays per prompt token
     per_token_delay: float = 0.0  # recompute cost per prompt token when a turn is not a hit
@@ -273,7 +274,8 @@ class FakeRouter:
         n = int(body["max_tokens"])
         for i in range(n):
             if i:
-                await asyncio.sleep(self.token_delay)
+                gap = self.second_token_delay if i == 1 and self.second_token_delay is not None else self.token_delay
+                await asyncio.sleep(gap)
             await asyncio.sleep(max(0.0, self.stalled_until - loop.time()))
             await send({"choices": [{"index": 0, "delta": {"content": f" w{turn}x{i}"}}]})
         usage = {"prompt_tokens": self.prompt_tokens(body), "completion_tokens": n, "total_tokens": 0}

@@ -30,6 +30,17 @@ async def test_one_request_measures_and_reads_headers() -> None:
     assert sent["temperature"] == 0 and sent["max_tokens"] == 5 and sent["min_tokens"] == 5
 
 
+async def test_the_steady_tpot_leaves_out_the_gap_before_the_second_token() -> None:
+    # As with prefill's first token: decode's whole hop lies between the first two tokens.
+    fake = FakeRouter(first_token_delay=0.01, second_token_delay=0.3, token_delay=0.01)
+    w = build(WorkloadSpec(prefix_tokens=50, turns=1, conversations=1, output_tokens=8), label="t")
+    async with serve(fake) as url, aiohttp.ClientSession() as s:
+        res = await run(s, url, "fake-model", w)
+    (rec,) = res.records
+    assert rec.steady_tpot_ms is not None and 10 <= rec.steady_tpot_ms < 30  # 6 gaps of 10 ms after the second
+    assert rec.tpot_ms > 45  # (300 + 6 * 10) / 7 ms: the gap counted in
+
+
 async def test_workload_run_records_history_and_per_request_transfer() -> None:
     fake = FakeRouter(first_token_delay=0.01, token_delay=0.0)
     spec = WorkloadSpec(prefix_tokens=50, turns=3, conversations=2, user_tokens=5, tool_tokens=7, output_tokens=4)

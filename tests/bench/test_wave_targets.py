@@ -103,7 +103,17 @@ def test_prefills_first_token_is_judged_only_where_the_part_ran() -> None:
     assert wt.first_token(None) == []  # the default wave has no part `first`
     points = [_point("bound", 12000, p50=90), _point("dp", 12000, p50=135), _point("dp-first", 12000, p50=100)]
     first = {"points": points}
-    dp, dp_first, on_first = wt.first_token(first)
+    dp, dp_first, on_first, steady = wt.first_token(first)
     assert (dp.met, dp.figure) == (False, "1.50x at 12k")
     assert (dp_first.met, dp_first.figure) == (True, "1.11x at 12k")
-    assert on_first.met is None  # that leg did not run
+    assert on_first.met is None and steady.met is None  # that leg did not run
+
+
+def test_the_switch_is_judged_by_decodes_tpot_after_the_second_token_beside_on() -> None:
+    on = _point("on", 12000, steady_tpot_p50=7.0, latency_p50=320.0)
+    fast = _point("on-first", 12000, steady_tpot_p50=7.6, latency_p50=336.0)
+    steady = wt.steady_tpot({"points": [on, fast]})
+    assert (steady.met, steady.figure) == (True, "1.09x at 12k (whole answer 1.05x)")
+    slow = {**fast, "steady_tpot_p50": 7.8}
+    assert wt.steady_tpot({"points": [on, slow]}).met is False
+    assert wt.steady_tpot({"points": [on, {**fast, "steady_tpot_p50": None}]}).met is None
