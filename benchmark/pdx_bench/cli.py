@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from pdx.resource import manifest_documents
+from pdx.resource import SpecError, load, manifest_documents
 
 from . import agentic, decodelocal, firstturn, pool, prefixcache, tails
 from .background import BackgroundSpec, write_streams
@@ -45,6 +45,7 @@ from .sweep import (
     Target,
     UrlTarget,
     all_records,
+    as_leg,
     run_sweep,
     served_model_name,
     total_requests,
@@ -601,6 +602,7 @@ def main(args: argparse.Namespace) -> int:
         doc = with_changes(doc, [change for changes in args.sets for change in changes])
         target = LocalTarget(doc, args.state_dir, fresh_engines=args.fresh_engines)
         legs = [*(args.legs or []), *args.named_legs] or [False, True]
+        check_legs(doc, legs)
         limit = doc.get("spec", {}).get("model", {}).get("maxModelLen")
         need = max_prompt_tokens(spec, args.lengths, args.suffix_tokens)
         if limit and need > int(limit):
@@ -612,6 +614,19 @@ def main(args: argparse.Namespace) -> int:
         print("pdx bench: --prometheus local scrapes the local target only; give a URL otherwise", file=sys.stderr)
         return 2
     return _run(args, doc, target, spec, legs)
+
+
+def check_legs(doc: dict[str, Any], legs: list[LegArg]) -> None:
+    """Every leg's resource, validated before the first leg runs: a value YAML reads as another
+    type (`PDX_X=yes` is a boolean) would otherwise end the run at that leg, the legs before it lost.
+    Raises SpecError naming the leg."""
+    for leg in legs:
+        changed = as_leg(leg)
+        try:
+            load(with_changes(doc, changed.changes))
+        except SpecError as err:
+            hint = " (--leg values are read as YAML: quote a string, e.g. FIELD='yes')"
+            raise SpecError([f"--leg {changed.name}: {problem}{hint}" for problem in err.problems]) from None
 
 
 def max_prompt_tokens(spec: WorkloadSpec, lengths: list[int], suffixes: list[int]) -> int:

@@ -160,3 +160,14 @@ def test_a_named_leg_may_set_an_engines_environment_variable() -> None:
     assert leg.changes == (("kvTransfer.bidirectional", True), ("decode.env.PDX_HELD_KV_SHORTEN", "1"))
     with pytest.raises(argparse.ArgumentTypeError, match="dotted path under spec"):
         _named_leg("bad:decode.env.A-B=1")
+
+
+def test_every_legs_resource_is_checked_before_the_first_leg_runs() -> None:
+    from pdx.resource import SpecError
+
+    doc = example_doc()
+    cli.check_legs(doc, [False, True, cli._named_leg("shorten:decode.env.PDX_HELD_KV_SHORTEN='1'")])
+    bad = cli._named_leg("nocrowd:decode.env.PDX_X=yes")  # YAML reads yes as a boolean
+    with pytest.raises(SpecError) as err:
+        cli.check_legs(doc, [False, True, bad])
+    assert err.value.problems[0].startswith("--leg nocrowd: spec.decode.env.PDX_X")
