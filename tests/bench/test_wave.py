@@ -212,6 +212,14 @@ def test_the_script_prints_the_plan_without_a_gpu(tmp_path: Path) -> None:
     assert cpu.returncode == 1 and "the plan needs" in cpu.stderr
 
 
+def test_with_every_part_the_switchs_engines_start_before_the_shortened_holds_comparison() -> None:
+    """A wave short of time skips from the end: the comparison leg goes before part `first`'s."""
+    every = [*wave.PART_NAMES, *wave.OPTIONAL_PARTS, wave.CORRECT]
+    steps = wave.plan("gpu", every).steps()
+    assert [s.leg.name for s in steps][-3:] == ["dp-first", "on-first", "on-shortened"]
+    assert [s.leg.name for s in steps].count("on-first") == 1
+
+
 def test_the_first_token_part_runs_only_when_named_and_starts_decodes_processor_its_own_engines() -> None:
     assert "first" not in [p.name for p in wave.plan("gpu").parts]
     steps = wave.plan("gpu", ["first"]).steps()
