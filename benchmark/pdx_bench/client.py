@@ -178,9 +178,9 @@ def to_record(
     if first_tokens > 1:
         ttft = max(0.1, ttft - (first_tokens - 1) * tpot)
     steady = None
-    rest = out_tokens - first_tokens - max(1, counter.count(reply.second_chunk))
-    if reply.second_ms >= 0 and rest > 0:
-        steady = (reply.latency_ms - reply.second_ms) / rest
+    if reply.second_ms >= 0:
+        rest = out_tokens - first_tokens - max(1, counter.count(reply.second_chunk))
+        steady = (reply.latency_ms - reply.second_ms) / rest if rest > 0 else None
     question = conversation.turns[turn - 1].tokens
     cached = 100.0 * max(0, in_tokens - question) / in_tokens if in_tokens > 0 else 0.0
     return RequestRecord(

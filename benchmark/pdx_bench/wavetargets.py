@@ -74,18 +74,19 @@ def overcommit(summary: Mapping[str, Any] | None) -> Verdict:
     return Verdict(name, 41, figure, met)
 
 
-def _over_bound(summary: Mapping[str, Any] | None, leg: str) -> list[tuple[int, float]]:
-    bound, ons = _points(summary, "bound"), _points(summary, leg)
-    out = []
-    for n in sorted(set(bound) & set(ons)):
-        b, a = bound[n].get("ttft_p50"), ons[n].get("ttft_p50")
+def _ratios(summary: Mapping[str, Any] | None, leg: str, base: str, figure: str) -> dict[int, float]:
+    """`leg`'s `figure` over `base`'s, per prefix both measured."""
+    base_points, points = _points(summary, base), _points(summary, leg)
+    out = {}
+    for n in sorted(set(base_points) & set(points)):
+        b, a = base_points[n].get(figure), points[n].get(figure)
         if a is not None and b:
-            out.append((n, float(a) / float(b)))
+            out[n] = float(a) / float(b)
     return out
 
 
 def over_bound(summary: Mapping[str, Any] | None, leg: str, name: str) -> Verdict:
-    ratios = _over_bound(summary, leg)
+    ratios = list(_ratios(summary, leg, "bound", "ttft_p50").items())
     if not ratios:
         return Verdict(name, 43, "-", None)
     figure = ", ".join(f"{_x(r)} at {n // 1000}k" for n, r in ratios)
@@ -187,17 +188,12 @@ def steady_tpot(summary: Mapping[str, Any] | None) -> Verdict:
     runner) decodes as fast as without: the follow-ups' own time per token after their second
     chunk, `on-first` over `on`, with the whole answers' latency beside it."""
     name = f"prefill's first token: TPOT after the second token up by at most {TPOT_RISE:.0%} (on-first/on)"
-    on, switched = _points(summary, "on"), _points(summary, "on-first")
-    pairs = []
-    for n in sorted(set(on) & set(switched)):
-        a, b = switched[n].get("steady_tpot_p50"), on[n].get("steady_tpot_p50")
-        la, lb = switched[n].get("latency_p50"), on[n].get("latency_p50")
-        if a is not None and b:
-            pairs.append((n, float(a) / float(b), float(la) / float(lb) if la is not None and lb else None))
-    if not pairs:
+    tpot = _ratios(summary, "on-first", "on", "steady_tpot_p50")
+    latency = _ratios(summary, "on-first", "on", "latency_p50")
+    if not tpot:
         return Verdict(name, 43, "-", None)
-    figure = ", ".join(f"{_x(t)} at {n // 1000}k (whole answer {_x(lat)})" for n, t, lat in pairs)
-    return Verdict(name, 43, figure, all(t <= 1 + TPOT_RISE for _, t, _ in pairs))
+    figure = ", ".join(f"{_x(t)} at {n // 1000}k (whole answer {_x(latency.get(n))})" for n, t in tpot.items())
+    return Verdict(name, 43, figure, all(t <= 1 + TPOT_RISE for t in tpot.values()))
 
 
 def _met(v: bool | None) -> str:
