@@ -8,10 +8,12 @@
 #
 # Parts, most wanted first (`pdx bench wave`, benchmark/pdx_bench/wave.py): sweep (the seed's to 32k,
 # OFF, ON, the bound, the held-KV valve on), suffix2k (2k suffixes: ON/bound), agentic (the mix),
-# tpot (decode-local's TPOT against D->P at the default threshold), load (8 clients), overcommit
-# (one point past decode's KV), then correct (scripts/gpu-correct.sh). Four starts of the
-# benchmark's engines: the sweep's OFF, its ON (every ON-side leg on it), every OFF leg, then the
-# overcommit point's ON with shortened holds (decode's environment differs). Each
+# tpot (decode-local's TPOT against D->P at the default threshold), load (8 clients), first (the
+# D->P path with prefill's first token), overcommit (one point past decode's KV), then correct
+# (scripts/gpu-correct.sh, prefill's first token too). Four starts of the benchmark's engines: the
+# sweep's OFF, its ON (every ON-side leg on it), every OFF leg, then the switch's (decode's logits
+# processor differs); a fifth only with PARTS naming shortened (overcommit's ON with shortened
+# holds). Each
 # part lands in OUT/<part>/ and OUT/<part>.tgz as it ends (a later leg of it packs it again,
 # complete); then OUT/correct.tgz, and OUT/report.tgz with report.md (the sweep beside the seed's
 # p5en figures, every part's table, which card ran: nvidia-smi's name in OUT/gpu.txt).
@@ -59,7 +61,7 @@ if [[ ${1:-} == --plan ]]; then
   exit $?
 fi
 [[ $# -ge 1 ]] || {
-  sed -n '2,26p' "$0" >&2
+  sed -n '2,30p' "$0" >&2
   exit 2
 }
 mkdir -p "$1" && out=$(cd "$1" && pwd) || exit 2
@@ -86,9 +88,9 @@ if [[ $profile == gpu && ( -z ${PARTS:-} || ,$PARTS, == *,correct,* ) ]]; then
   left=$((budget - (SECONDS - start) - 15))
   if ((left >= 90)); then
     limit=$((left < 540 ? left : 540))
-    # With the part `first` asked for, correct runs prefill's first token too (a third start).
+    # With the part `first` (a default part), correct runs prefill's first token too (a third start).
     first=0
-    [[ ,${PARTS:-}, != *,first,* ]] || first=1
+    [[ -n ${PARTS:-} && ,$PARTS, != *,first,* ]] || first=1
     log "correct: scripts/gpu-correct.sh (LIMIT_S $limit, FIRST_TOKEN $first)"
     FIRST_TOKEN=$first LIMIT_S=$limit bash scripts/gpu-correct.sh "$out/correct" >"$out/correct.out" 2>&1
     log "correct: exit $?"

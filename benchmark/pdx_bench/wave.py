@@ -73,7 +73,10 @@ class Costs:
     (docs/results/h100-2026-12-05-held: OFF's 32.7k-token turn 1,293 ms p50, so 0.04 s per
     thousand prompt tokens computed; gpu-correct.sh 122 s) and the H100 waves of 2026-12-06
     (docs/results/h100-2026-12-06d-wave, -06e-wave: the first legs ready after 124 and 170 s, both
-    engines starting at once; every later start 84-90 s, vLLM's compile cache then warm)."""
+    engines starting at once; every later start 84-90 s, vLLM's compile cache then warm). Fitted
+    on 2026-12-07 to the waves 06h (H200), 07b and 07f (H100): first starts ready after 131-155 s,
+    later ones 63-85 s; with these costs every leg ran in 0.59-1.05x its
+    estimate (1,145 s of legs against 1,360 estimated)."""
 
     engine_start_s: float  # the wave's first start
     engine_restart_s: float  # every later one
@@ -82,6 +85,7 @@ class Costs:
     request_s: float  # per request beyond compute: HTTP, the router, the engines' scrapes
     correct_s: float
     warmup_s: float
+    bound_share: float = 1.0  # the bound's run over its ON leg's (sent straight to decode: no hops)
 
     def start_s(self, earlier: int) -> float:
         """An engine start's estimate, after `earlier` starts in the same run."""
@@ -89,13 +93,14 @@ class Costs:
 
 
 GPU_COSTS = Costs(
-    engine_start_s=170.0,
-    engine_restart_s=100.0,
+    engine_start_s=160.0,
+    engine_restart_s=90.0,
     per_ktok_s=0.04,
-    tpot_s=0.012,
-    request_s=0.12,
+    tpot_s=0.010,
+    request_s=0.08,
     correct_s=150.0,
-    warmup_s=3.0,
+    warmup_s=2.0,
+    bound_share=0.4,
 )
 CPU_COSTS = Costs(
     engine_start_s=60.0, engine_restart_s=60.0, per_ktok_s=0.5, tpot_s=0.03, request_s=0.3, correct_s=0.0, warmup_s=5.0
@@ -144,17 +149,20 @@ class Part:
             spec = spec if point.live is None else spec.live(point.live)
             clients = min(spec.concurrency, spec.conversations)
             new = _mean_new_tokens(spec)
+            # Live conversations on their own prefixes are the overcommit point: decode cannot keep
+            # them all, so ON recomputes most follow-ups there (counted as OFF: an over-estimate).
+            reuses = _reuses(leg) and point.live is None
             compute = 0.0
             for turn in range(1, spec.turns + 1):
                 history = spec.prefix_tokens + (turn - 1) * (new + spec.output_tokens)
-                computed = history + new if (turn == 1 or not _reuses(leg)) else new
+                computed = history + new if (turn == 1 or not reuses) else new
                 compute += computed / 1000 * costs.per_ktok_s
             per_conv = spec.turns * (costs.request_s + spec.output_tokens * costs.tpot_s)
             think = (spec.turns - 1) * spec.think_time_s
             seconds = (
                 spec.conversations * compute + (spec.conversations * per_conv + spec.conversations * think) / clients
             )
-            runs = 2 if (self.bound and leg.name in BOUND_LEGS) else 1
+            runs = 1 + (costs.bound_share if (self.bound and leg.name in BOUND_LEGS) else 0.0)
             total += runs * seconds
         return total
 
@@ -274,10 +282,10 @@ def _parts_gpu() -> tuple[Part, ...]:
              background=BackgroundSpec(3, 128, 512)),
         Part("load", "8 clients, 16 conversations at 16k, OFF and ON",
              (ON, OFF), (16000,), replace(base, conversations=16, concurrency=8, seed=4), bound=False),
-        # Only when asked (PARTS=first): the D->P path with the client's first token prefill's, beside
-        # the D->P path and ON's bound, on 2k-token suffixes and on first turns (router.firstTokenFromPrefill).
-        # Before overcommit: asked for with every part, its engines start before on-shortened's, so a
-        # wave short of time skips that comparison leg first, not this part's.
+        # The D->P path with the client's first token prefill's (router.firstTokenFromPrefill), beside
+        # the D->P path and ON's bound, on 2k-token suffixes. Before overcommit: with the optional
+        # on-shortened asked for, its engines start after this part's, so a wave short of time skips
+        # that comparison leg first.
         Part("first", "2k-token suffixes at 12k and 20k through prefill, the first token decode's and prefill's, "
              "over the bound; ON with the switch too", (ON, DP, DP_FIRST, ON_FIRST), (12000, 20000),
              replace(base, seed=6), suffixes=(2000,)),
@@ -313,8 +321,10 @@ def _parts_cpu() -> tuple[Part, ...]:
     )  # fmt: skip
 
 
-PART_NAMES = ("sweep", "suffix2k", "agentic", "tpot", "load", "overcommit")
-OPTIONAL_PARTS = ("first",)  # run only when named (PARTS=...): a candidate measured beside the default
+PART_NAMES = ("sweep", "suffix2k", "agentic", "tpot", "load", "first", "overcommit")
+# Run only when named (PARTS=...): overcommit's ON leg with shortened holds, an engine setting (one
+# more start) measured beside the default; the default wave's plan fits the budget without it.
+OPTIONAL_PARTS = ("shortened",)
 
 
 def plan(profile: str = "gpu", parts: Sequence[str] | None = None, budget_s: float | None = None) -> Plan:
@@ -327,10 +337,16 @@ def plan(profile: str = "gpu", parts: Sequence[str] | None = None, budget_s: flo
     unknown = [n for n in wanted if n not in known]
     if unknown:
         raise ValueError(f"unknown parts {', '.join(unknown)}: the wave has {', '.join(known)}")
-    chosen = tuple(p for p in every if p.name in wanted)
+    if "shortened" in wanted and "overcommit" not in wanted:
+        raise ValueError("the part shortened is a leg of overcommit: name both (PARTS=overcommit,shortened)")
+    chosen = tuple(_without_shortened(p) if "shortened" not in wanted else p for p in every if p.name in wanted)
     costs = GPU_COSTS if profile == "gpu" else CPU_COSTS
     budget = budget_s if budget_s is not None else float(MACHINE_S - OUTSIDE_S)
     return Plan(profile, chosen, costs, budget, correct=CORRECT in wanted and profile == "gpu")
+
+
+def _without_shortened(part: Part) -> Part:
+    return replace(part, legs=tuple(leg for leg in part.legs if leg is not SHORTENED))
 
 
 # ------------------------------------------------------------------------------------ the run

@@ -171,7 +171,7 @@ def verdicts(out: Path, sweep_data: Mapping[str, Any] | None) -> list[Verdict]:
 
 
 def first_token(summary: Mapping[str, Any] | None) -> list[Verdict]:
-    """The optional part `first`, where it ran: the D->P path with prefill's first token over the
+    """The part `first`, where it ran: the D->P path with prefill's first token over the
     bound, beside the same path with decode's."""
     if summary is None:
         return []

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_gpu_plan_names_every_figure_of_the_wave_and_fits_25_minutes_of_machine() -> None:
     plan = wave.plan("gpu")
     names = [p["name"] for p in plan.to_json()["parts"]]
-    assert names == ["sweep", "suffix2k", "agentic", "tpot", "load", "overcommit", "correct"]
+    assert names == ["sweep", "suffix2k", "agentic", "tpot", "load", "first", "overcommit", "correct"]
     assert plan.budget_s == 25 * 60 - wave.OUTSIDE_S
     steps = plan.steps()
     # every leg of every part runs once; the sweep first and whole, OFF then ON
@@ -40,18 +40,20 @@ def test_the_gpu_plan_names_every_figure_of_the_wave_and_fits_25_minutes_of_mach
         (p.name, leg.name) for p in plan.parts for leg in p.legs
     )
     assert [(s.part, s.leg.name) for s in steps[:2]] == [("sweep", "off"), ("sweep", "on")]
-    # then every ON-side leg on the engines the sweep left, the OFF legs, then ON with shortened holds
-    # on engines of its own: four starts in all, each set of engines started once
+    # then every ON-side leg on the engines the sweep left, the OFF legs, then the switch's (decode's
+    # logits processor) on engines of their own: four starts in all, each set of engines started once
     assert plan.starts() == 4
-    assert [s.leg.name for s in steps if s.start] == ["off", "on", "off", "on-shortened"]
+    assert [s.leg.name for s in steps if s.start] == ["off", "on", "off", "dp-first"]
+    assert "on-shortened" not in [s.leg.name for s in steps]  # only when named: PARTS=...,shortened
     # the arithmetic: legs, the first start and the later ones, correct's reserve, within the budget
     legs = sum(s.estimate_s for s in steps)
     costs = wave.GPU_COSTS
     starts = costs.engine_start_s + 3 * costs.engine_restart_s
-    assert plan.estimate_s() == pytest.approx(legs + starts + costs.correct_s)
+    # correct's reserve: its two starts and a third for prefill's first token
+    assert plan.estimate_s() == pytest.approx(legs + starts + 1.5 * costs.correct_s)
     assert plan.estimate_s() <= plan.budget_s
     # part after part, OFF then ON, would start the engines thirteen times: over the budget
-    assert legs + costs.engine_start_s + 12 * costs.engine_restart_s + costs.correct_s > plan.budget_s
+    assert legs + costs.engine_start_s + 12 * costs.engine_restart_s + 1.5 * costs.correct_s > plan.budget_s
 
 
 @pytest.mark.parametrize("cr", ["examples/local-gpu.yaml", "examples/local-gpu-tp2.yaml"])
@@ -128,11 +130,11 @@ def test_the_whole_wave_on_fakes_four_engine_starts_each_part_packed_and_reporte
     plan, rc = _run(tmp_path)
     out = tmp_path / "out"
     assert rc == 0, (out / "wave.log").read_text()
-    # the engines started as planned: OFF, ON, OFF, ON with shortened holds; every other leg kept
-    # the running ones
+    # the engines started as planned: OFF, ON, OFF, ON with prefill's first token; every other leg
+    # kept the running ones
     assert [d["spec"]["kvTransfer"]["bidirectional"] for d in FakeTopology.started] == [False, True, False, True]
-    shorten = [d["spec"].get("decode", {}).get("env", {}).get("PDX_HELD_KV_SHORTEN") for d in FakeTopology.started]
-    assert shorten == [None, None, None, "1"]
+    first = [d["spec"].get("router", {}).get("firstTokenFromPrefill") for d in FakeTopology.started]
+    assert first == [None, None, None, True]
     assert all(d["spec"]["decode"]["extraArgs"] == ["--num-gpu-blocks-override", "24"] for d in FakeTopology.started)
     status = json.loads((out / "wave.json").read_text())
     assert [(s["part"], s["leg"]) for s in status["steps"]] == [(s.part, s.leg.name) for s in plan.steps()]
@@ -167,7 +169,7 @@ def test_the_whole_wave_on_fakes_four_engine_starts_each_part_packed_and_reporte
     assert not re.search(r"\| - \| - \|\n", suffix2k), suffix2k
     # every target judged from the parts' files; the fakes ran no correctness check, so that one is not judged
     targets = {t["target"]: t for t in json.loads((out / "report.json").read_text())["targets"]}
-    assert len(targets) == 8 and "## Targets" in report.split("## What ran")[0]
+    assert len(targets) == 12 and "## Targets" in report.split("## What ran")[0]  # 4 of part first
     assert targets["gpu-correct.sh with the defaults"]["met"] is None
     judged = [t for t in targets.values() if t["met"] is not None]
     assert len(judged) >= 5, targets
@@ -220,8 +222,15 @@ def test_with_every_part_the_switchs_engines_start_before_the_shortened_holds_co
     assert [s.leg.name for s in steps].count("on-first") == 1
 
 
-def test_the_first_token_part_runs_only_when_named_and_starts_decodes_processor_its_own_engines() -> None:
-    assert "first" not in [p.name for p in wave.plan("gpu").parts]
+def test_the_shortened_holds_leg_is_asked_for_with_overcommit_and_refused_without_it() -> None:
+    legs = [leg.name for leg in wave.plan("gpu", ["overcommit", "shortened"]).part("overcommit").legs]
+    assert legs == ["on", "on-shortened", "off"]
+    assert [leg.name for leg in wave.plan("gpu", ["overcommit"]).part("overcommit").legs] == ["on", "off"]
+    with pytest.raises(ValueError, match="name both"):
+        wave.plan("gpu", ["sweep", "shortened"])
+
+
+def test_the_first_token_part_starts_decodes_processor_its_own_engines() -> None:
     steps = wave.plan("gpu", ["first"]).steps()
     assert [(s.leg.name, s.start) for s in steps] == [
         ("on", True),
