@@ -18,13 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from pdx_bench import wavetargets
 from tests.e2e.chat import Answer
 from tests.e2e.correctness import (
     COMPARED,
     FIRST_TOKEN,
+    FIRST_TOKEN_RUN,
     FOLLOW_UPS,
     PLUGINS,
     Leg,
+    OutOfTime,
     Turn,
     entry_points,
     expected_reuse,
@@ -455,3 +458,39 @@ def test_a_sigterm_during_the_run_stops_its_topology_and_leaves_an_error_summary
     assert stopped == [tmp_path / "off"]
     assert json.loads((tmp_path / "summary.json").read_text())["error"] == "OutOfTime: signal 15: out of time"
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_third_run_out_of_time_still_judges_the_defaults_and_fails_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wave's GPU run of 2026-12-07 lost its defaults' verdict when time ran out in the third run."""
+
+    class Topology:
+        def __init__(self, document: object, state_dir: Path) -> None:
+            pass
+
+        def __enter__(self) -> Topology:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    legs = iter([leg(False, tmp_path), leg(True, tmp_path)])
+
+    def run_leg(topo: object, as_agent: bool = False) -> Leg:
+        if as_agent:  # the third run
+            raise OutOfTime("signal 15: out of time")
+        return next(legs)
+
+    monkeypatch.setattr("pdx.local.topology.LocalTopology", Topology)
+    monkeypatch.setattr("pdx.local.gpus.visible_gpus", lambda: [])
+    monkeypatch.setattr("tests.e2e.correctness.run_leg", run_leg)
+    monkeypatch.setattr("tests.e2e.correctness.entry_points", lambda: dict.fromkeys(PLUGINS, "loads"))
+    assert main(["--out", str(tmp_path / "out"), "--first-token"]) == 1
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    checks = {c["name"]: c for c in summary["checks"]}
+    assert not summary["passed"] and not checks[FIRST_TOKEN_RUN]["passed"]
+    assert "OutOfTime: signal 15: out of time" in checks[FIRST_TOKEN_RUN]["detail"]
+    assert all(c["passed"] for name, c in checks.items() if name != FIRST_TOKEN_RUN)
+    assert wavetargets.correct(summary).met is True  # the defaults: judged, and they passed
+    assert [v.met for v in wavetargets.correct_first(summary)] == [False]
