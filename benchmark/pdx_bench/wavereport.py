@@ -190,7 +190,7 @@ SECTIONS = (
     ("agentic", "The agentic mix: outcomes and ON/bound per suffix bucket"),
     ("load", "Load: 8 clients, OFF and ON"),
     ("overcommit", "One overcommit point: held KV over decode's cache, the valve on"),
-    ("first", "Prefill's first token (PARTS=first): the D->P path with decode's and with prefill's first token"),
+    ("first", "Prefill's first token: the D->P path with decode's and with prefill's first token"),
 )
 
 
