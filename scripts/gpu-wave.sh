@@ -8,8 +8,8 @@
 #
 # Parts, most wanted first (`pdx bench wave`, benchmark/pdx_bench/wave.py): sweep (the seed's to 32k,
 # OFF, ON, the bound, the held-KV valve on), suffix2k (2k suffixes: ON/bound), agentic (the mix),
-# tpot (decode-local's TPOT against D->P at the default threshold), load (8 clients), first (the
-# D->P path with prefill's first token), overcommit (one point past decode's KV), then correct
+# first (the D->P path with prefill's first token), tpot (decode-local's TPOT against D->P at the
+# default threshold, and the switch's), load (8 clients), overcommit (one point past decode's KV), then correct
 # (scripts/gpu-correct.sh, prefill's first token too). Four starts of the benchmark's engines: the
 # sweep's OFF, its ON (every ON-side leg on it), every OFF leg, then the switch's (decode's logits
 # processor differs); a fifth only with PARTS naming shortened (overcommit's ON with shortened

@@ -276,21 +276,24 @@ def _parts_gpu() -> tuple[Part, ...]:
              (12000, 20000), replace(base, seed=1), suffixes=(2000,)),
         Part("agentic", f"the agentic mix at 16k ({AGENTIC.describe()})",
              (ON, OFF), (16000,), replace(base, turns=5, conversations=6, seed=2, suffix_mix=AGENTIC)),
-        Part("tpot", "decode-local at the default threshold against D->P, 3 streams decoding: their TPOT",
-             (DP, Leg("local", (("kvTransfer.bidirectional", True),))), (16000,),
+        # The D->P path with the client's first token prefill's (router.firstTokenFromPrefill), beside
+        # the D->P path and ON's bound, on 2k-token suffixes. Before tpot, whose dp-first leg runs on
+        # the same engines after this part's (a wave short of time skips it first), and before
+        # overcommit, whose optional on-shortened starts engines after both.
+        Part("first", "2k-token suffixes at 12k and 20k through prefill, the first token decode's and prefill's, "
+             "over the bound; ON with the switch too", (ON, DP, DP_FIRST, ON_FIRST), (12000, 20000),
+             replace(base, seed=6), suffixes=(2000,)),
+        # dp-first: the same D->P turns and streams with prefill's first token, whose logits processor
+        # puts vLLM 0.26's decode on its V1 model runner: the streams' TPOT under the switch.
+        Part("tpot", "decode-local at the default threshold against D->P, 3 streams decoding: their TPOT; "
+             "D->P with prefill's first token too", (DP, Leg("local", (("kvTransfer.bidirectional", True),)), DP_FIRST),
+             (16000,),
              replace(base, turns=5, conversations=4, seed=3), suffixes=(512, 1024), bound=False,
              background=BackgroundSpec(3, 128, 512)),
         Part("load", "8 clients, 16 conversations at 16k, OFF and ON",
              (ON, OFF), (16000,), replace(base, conversations=16, concurrency=8, seed=4), bound=False),
-        # The D->P path with the client's first token prefill's (router.firstTokenFromPrefill), beside
-        # the D->P path and ON's bound, on 2k-token suffixes. Before overcommit: with the optional
-        # on-shortened asked for, its engines start after this part's, so a wave short of time skips
-        # that comparison leg first.
-        Part("first", "2k-token suffixes at 12k and 20k through prefill, the first token decode's and prefill's, "
-             "over the bound; ON with the switch too", (ON, DP, DP_FIRST, ON_FIRST), (12000, 20000),
-             replace(base, seed=6), suffixes=(2000,)),
-        Part("overcommit", "12 live conversations of their own 16k prefix: about 2x decode's KV, the valve's point; "
-             "ON also with holds shortened", (ON, SHORTENED, OFF), (16000,),
+        Part("overcommit", "12 live conversations of their own 16k prefix: about 2x decode's KV, the valve's point "
+             "(ON with holds shortened too with PARTS naming shortened)", (ON, SHORTENED, OFF), (16000,),
              replace(base, think_time_s=2.0, shared_prefix=False, seed=5),
              live=(12,), bound=False),
     )  # fmt: skip
@@ -309,19 +312,20 @@ def _parts_cpu() -> tuple[Part, ...]:
              replace(base, seed=1), suffixes=(256,)),
         Part("agentic", f"the mix {CPU_MIX.describe()}", (ON, OFF), (512,),
              replace(base, turns=4, conversations=3, seed=2, suffix_mix=CPU_MIX)),
-        Part("tpot", "decode-local against D->P with a stream", (DP, local), (512,),
-             replace(base, seed=3), suffixes=(32,), bound=False, background=BackgroundSpec(1, 16, 64)),
-        Part("load", "2 clients", (ON, OFF), (512,), replace(base, conversations=4, concurrency=2, seed=4),
-             bound=False),
         Part("first", "long suffixes through prefill, the first token decode's and prefill's, over the bound",
              (ON, DP, DP_FIRST, ON_FIRST), (512,), replace(base, seed=6), suffixes=(256,)),
+        Part("tpot", "decode-local against D->P with a stream, and D->P with prefill's first token",
+             (DP, local, DP_FIRST), (512,), replace(base, seed=3), suffixes=(32,), bound=False,
+             background=BackgroundSpec(1, 16, 64)),
+        Part("load", "2 clients", (ON, OFF), (512,), replace(base, conversations=4, concurrency=2, seed=4),
+             bound=False),
         Part("overcommit", "3 live conversations of their own prefix, ON also with shortened holds",
              (ON, SHORTENED, OFF), (1024,),
              replace(base, think_time_s=1.0, shared_prefix=False, seed=5), live=(3,), bound=False),
     )  # fmt: skip
 
 
-PART_NAMES = ("sweep", "suffix2k", "agentic", "tpot", "load", "first", "overcommit")
+PART_NAMES = ("sweep", "suffix2k", "agentic", "first", "tpot", "load", "overcommit")
 # Run only when named (PARTS=...): overcommit's ON leg with shortened holds, an engine setting (one
 # more start) measured beside the default; the default wave's plan fits the budget without it.
 OPTIONAL_PARTS = ("shortened",)
@@ -471,7 +475,7 @@ def run(
             )
             rc = rc or (code if complete or last_of_part else 0)
             _copy_logs(out / step.part, log_dirs)
-            if part.name == "tpot" and complete:
+            if part.name == "tpot":  # once dp and local ran, whether or not dp-first fits after them
                 _decode_local(out / step.part, part)
             entry["complete"] = complete
             _pack(out, step.part)

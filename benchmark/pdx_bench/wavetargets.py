@@ -164,6 +164,7 @@ def verdicts(out: Path, sweep_data: Mapping[str, Any] | None) -> list[Verdict]:
         first_turns(rows),
         growth((sweep_data or {}).get("on_growth_8k_24k")),
         tpot(_json(out / "tpot" / "decode-local.json")),
+        switch_streams(part("tpot")),
         correct(_json(out / "correct" / "summary.json")),
         *correct_first(_json(out / "correct" / "summary.json")),
         *first_token(part("first")),
@@ -194,6 +195,28 @@ def steady_tpot(summary: Mapping[str, Any] | None) -> Verdict:
         return Verdict(name, 43, "-", None)
     figure = ", ".join(f"{_x(t)} at {n // 1000}k (whole answer {_x(latency.get(n))})" for n, t in tpot.items())
     return Verdict(name, 43, figure, all(t <= 1 + TPOT_RISE for t in tpot.values()))
+
+
+def switch_streams(summary: Mapping[str, Any] | None) -> Verdict:
+    """Decode's streams under the switch: the tpot part's D->P turns with 3 streams decoding, its
+    `dp-first` leg (prefill's first token; vLLM 0.26 then runs decode on its V1 model runner) over
+    `dp`, the streams' TPOT p90 per point (history and suffix)."""
+    name = f"prefill's first token: the streams' TPOT p90 up by at most {TPOT_RISE:.0%} (tpot, dp-first/dp)"
+
+    def by_point(leg: str) -> dict[tuple[int, int], float]:
+        points = (summary or {}).get("points", [])
+        return {
+            (p["prefix_tokens"] or 0, p["suffix_tokens"] or 0): float(p["tpot_p90"])
+            for p in points
+            if p.get("leg") == leg and p.get("tpot_p90")
+        }
+
+    base, switch = by_point("dp"), by_point("dp-first")
+    rises = {k: switch[k] / base[k] - 1 for k in sorted(set(base) & set(switch))}
+    if not rises:
+        return Verdict(name, 43, "-", None)
+    figure = ", ".join(f"{r:+.0%} at {s} new tokens" for (_, s), r in rises.items())
+    return Verdict(name, 43, figure, all(r <= TPOT_RISE for r in rises.values()))
 
 
 def _met(v: bool | None) -> str:

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_gpu_plan_names_every_figure_of_the_wave_and_fits_25_minutes_of_machine() -> None:
     plan = wave.plan("gpu")
     names = [p["name"] for p in plan.to_json()["parts"]]
-    assert names == ["sweep", "suffix2k", "agentic", "tpot", "load", "first", "overcommit", "correct"]
+    assert names == ["sweep", "suffix2k", "agentic", "first", "tpot", "load", "overcommit", "correct"]
     assert plan.budget_s == 25 * 60 - wave.OUTSIDE_S
     steps = plan.steps()
     # every leg of every part runs once; the sweep first and whole, OFF then ON
@@ -169,7 +169,7 @@ def test_the_whole_wave_on_fakes_four_engine_starts_each_part_packed_and_reporte
     assert not re.search(r"\| - \| - \|\n", suffix2k), suffix2k
     # every target judged from the parts' files; the fakes ran no correctness check, so that one is not judged
     targets = {t["target"]: t for t in json.loads((out / "report.json").read_text())["targets"]}
-    assert len(targets) == 12 and "## Targets" in report.split("## What ran")[0]  # 4 of part first
+    assert len(targets) == 13 and "## Targets" in report.split("## What ran")[0]  # 4 of part first
     assert targets["gpu-correct.sh with the defaults"]["met"] is None
     judged = [t for t in targets.values() if t["met"] is not None]
     assert len(judged) >= 5, targets
@@ -218,7 +218,12 @@ def test_with_every_part_the_switchs_engines_start_before_the_shortened_holds_co
     """A wave short of time skips from the end: the comparison leg goes before part `first`'s."""
     every = [*wave.PART_NAMES, *wave.OPTIONAL_PARTS, wave.CORRECT]
     steps = wave.plan("gpu", every).steps()
-    assert [s.leg.name for s in steps][-3:] == ["dp-first", "on-first", "on-shortened"]
+    assert [(s.part, s.leg.name) for s in steps][-4:] == [
+        ("first", "dp-first"),
+        ("first", "on-first"),
+        ("tpot", "dp-first"),  # the switch's streams: after part first's legs on the same engines
+        ("overcommit", "on-shortened"),
+    ]
     assert [s.leg.name for s in steps].count("on-first") == 1
 
 

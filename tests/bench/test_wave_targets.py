@@ -50,7 +50,7 @@ def test_each_prefix_is_over_its_own_bound_and_every_one_must_hold() -> None:
 
 def test_a_part_that_did_not_run_is_not_judged(tmp_path: Path) -> None:
     items = wt.verdicts(tmp_path, None)
-    assert len(items) == 8 and all(v.met is None and v.figure == "-" for v in items)
+    assert len(items) == 9 and all(v.met is None and v.figure == "-" for v in items)
     assert "| - |" in wt.markdown_table(items)
 
 
@@ -117,3 +117,15 @@ def test_the_switch_is_judged_by_decodes_tpot_after_the_second_token_beside_on()
     slow = {**fast, "steady_tpot_p50": 7.8}
     assert wt.steady_tpot({"points": [on, slow]}).met is False
     assert wt.steady_tpot({"points": [on, {**fast, "steady_tpot_p50": None}]}).met is None
+
+
+def test_the_switchs_streams_are_judged_by_their_tpot_p90_per_point_beside_dp() -> None:
+    def point(leg: str, suffix: int, p90: float | None) -> dict[str, object]:
+        return {"leg": leg, "prefix_tokens": 16000, "suffix_tokens": suffix, "tpot_p90": p90}
+
+    dp = [point("dp", 512, 8.0), point("dp", 1024, 8.5)]
+    met = wt.switch_streams({"points": [*dp, point("dp-first", 512, 8.64), point("dp-first", 1024, 8.5)]})
+    assert met.met is True and met.figure == "+8% at 512 new tokens, +0% at 1024 new tokens"
+    assert wt.switch_streams({"points": [*dp, point("dp-first", 512, 8.9)]}).met is False  # +11%
+    assert wt.switch_streams({"points": dp}).met is None  # the leg was skipped
+    assert wt.switch_streams(None).figure == "-"
