@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -207,10 +208,7 @@ def test_the_command_with_first_token_runs_a_third_topology_as_agents_ask(
         asked.append(as_agent)
         return next(legs)
 
-    monkeypatch.setattr("pdx.local.topology.LocalTopology", Topology)
-    monkeypatch.setattr("pdx.local.gpus.visible_gpus", lambda: [])
-    monkeypatch.setattr("tests.e2e.correctness.run_leg", run_leg)
-    monkeypatch.setattr("tests.e2e.correctness.entry_points", lambda: dict.fromkeys(PLUGINS, "loads"))
+    _without_engines(monkeypatch, Topology, run_leg)
     assert main(["--out", str(tmp_path / "out"), "--first-token"]) == 0
     assert asked == [False, False, True]
     router = started[2]["spec"]["router"]  # type: ignore[index]
@@ -464,17 +462,6 @@ def test_a_third_run_out_of_time_still_judges_the_defaults_and_fails_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The wave's GPU run of 2026-12-07 lost its defaults' verdict when time ran out in the third run."""
-
-    class Topology:
-        def __init__(self, document: object, state_dir: Path) -> None:
-            pass
-
-        def __enter__(self) -> Topology:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            pass
-
     legs = iter([leg(False, tmp_path), leg(True, tmp_path)])
 
     def run_leg(topo: object, as_agent: bool = False) -> Leg:
@@ -482,10 +469,7 @@ def test_a_third_run_out_of_time_still_judges_the_defaults_and_fails_itself(
             raise OutOfTime("signal 15: out of time")
         return next(legs)
 
-    monkeypatch.setattr("pdx.local.topology.LocalTopology", Topology)
-    monkeypatch.setattr("pdx.local.gpus.visible_gpus", lambda: [])
-    monkeypatch.setattr("tests.e2e.correctness.run_leg", run_leg)
-    monkeypatch.setattr("tests.e2e.correctness.entry_points", lambda: dict.fromkeys(PLUGINS, "loads"))
+    _without_engines(monkeypatch, _NoEngines, run_leg)
     assert main(["--out", str(tmp_path / "out"), "--first-token"]) == 1
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     checks = {c["name"]: c for c in summary["checks"]}
@@ -494,3 +478,24 @@ def test_a_third_run_out_of_time_still_judges_the_defaults_and_fails_itself(
     assert all(c["passed"] for name, c in checks.items() if name != FIRST_TOKEN_RUN)
     assert wavetargets.correct(summary).met is True  # the defaults: judged, and they passed
     assert [v.met for v in wavetargets.correct_first(summary)] == [False]
+
+
+class _NoEngines:
+    """A LocalTopology that starts nothing."""
+
+    def __init__(self, document: object, state_dir: Path) -> None:
+        pass
+
+    def __enter__(self) -> _NoEngines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def _without_engines(monkeypatch: pytest.MonkeyPatch, topology: type, run_leg: Callable[..., Leg]) -> None:
+    """The command's run with `topology` for LocalTopology, `run_leg` for the turns, every plugin loading."""
+    monkeypatch.setattr("pdx.local.topology.LocalTopology", topology)
+    monkeypatch.setattr("pdx.local.gpus.visible_gpus", lambda: [])
+    monkeypatch.setattr("tests.e2e.correctness.run_leg", run_leg)
+    monkeypatch.setattr("tests.e2e.correctness.entry_points", lambda: dict.fromkeys(PLUGINS, "loads"))
