@@ -146,6 +146,7 @@ class Holds:
         self.lease = lease  # seconds a leased claim pins (`pdx_contract.holds`)
         self._held: OrderedDict[str, int] = OrderedDict()  # hold id -> claims, least recently used first
         self._pinned_until: dict[str, float] = {}  # claimed holds -> when their claims lapse (inf: never)
+        self._claimed_at: dict[str, float] = {}  # claimed holds -> when their first live claim came
         self._born: dict[str, float] = {}  # hold id -> when its turn ended
         self._gaps: deque[float] = deque(maxlen=GAPS_KEPT)  # turn end -> the next turn's claim, seconds
         self._released: set[str] = set()  # freed early; the worker's "sent" report is still due
@@ -189,6 +190,7 @@ class Holds:
                 self._held[hold] += 1
                 self._held.move_to_end(hold)
                 self._pinned_until[hold] = max(self._pinned_until.get(hold, until), until)
+                self._claimed_at.setdefault(hold, now)
                 self._settle(hold, read=True)
                 out.append(hold)
         return out
@@ -215,6 +217,13 @@ class Holds:
         now = self.clock()
         return [hold for hold, claims in self._held.items() if not self._pinned(hold, claims, now)]
 
+    def claim_ages(self) -> list[float]:
+        """Seconds since each hold a claim pins now was first claimed, longest first: how long the
+        reads that hold them have been coming (the claim gate's wait and prefill's queue, then the read)."""
+        now = self.clock()
+        pinned = [h for h, claims in self._held.items() if self._pinned(h, claims, now)]
+        return sorted((now - self._claimed_at[h] for h in pinned if h in self._claimed_at), reverse=True)
+
     def claimed(self) -> int:
         """Holds a claim pins now."""
         now = self.clock()
@@ -234,6 +243,7 @@ class Holds:
                 self._held[hold] -= 1
                 if self._held[hold] == 0:
                     self._pinned_until.pop(hold, None)
+                    self._claimed_at.pop(hold, None)
 
     def refused(self, request_id: str) -> bool:
         """A request found no room: counted once if held KV was there to blame (the valve off,
@@ -280,6 +290,7 @@ class Holds:
     def _forget(self, hold: str) -> None:
         self._held.pop(hold, None)
         self._pinned_until.pop(hold, None)
+        self._claimed_at.pop(hold, None)
         self._born.pop(hold, None)
         self._kept.pop(hold, None)
         self._open_bets.discard(hold)
@@ -493,7 +504,8 @@ def _log_wait(scheduler: Any, holds: Holds, request_id: str) -> None:
     told apart in decode's log: the valve off, or every hold claimed (reads in flight, local turns
     pinned), with the free and the held blocks then."""
     pool = scheduler.kv_cache_manager.block_pool
-    why = "the valve is off" if not holds.valve else f"all {holds.claimed()} holds are claimed"
+    ages = ", ".join(f"{age:.2f}" for age in holds.claim_ages())
+    why = "the valve is off" if not holds.valve else f"all {holds.claimed()} holds are claimed, for {ages} s"
     logger.info(
         "pdx plugin: request %s waits for blocks with held KV present (%s): %d blocks free, %d held",
         request_id,

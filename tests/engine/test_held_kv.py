@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import time
 import types
 from dataclasses import dataclass, field
@@ -312,9 +313,11 @@ def test_a_claimed_hold_is_never_released_and_the_request_then_waits(
     assert "read-in-flight" in sched.requests and "idle" not in sched.requests
     assert held_kv.answer(sched, contract.HoldsRequest()).waited == 1
     waits = [r.getMessage() for r in caplog.records if "waits for blocks" in r.getMessage()]
-    assert waits == [
-        "pdx plugin: request big waits for blocks with held KV present (all 1 holds are claimed): 3 blocks free, 3 held"
-    ]  # said once, with what decode's log needs to tell the wait apart
+    assert len(waits) == 1 and re.fullmatch(
+        r"pdx plugin: request big waits for blocks with held KV present \(all 1 holds are claimed, for 0\.\d\d s\):"
+        r" 3 blocks free, 3 held",
+        waits[0],
+    ), waits  # said once, with what decode's log needs to tell the wait apart (how long the claim has pinned)
     held_kv.answer(sched, contract.HoldsRequest(release_claim=["read-in-flight"]))
     assert sched.kv_cache_manager.allocate_slots(big, 6) is not None
 
@@ -843,3 +846,22 @@ def test_on_round_robin_agents_the_valve_reuses_as_many_turns_as_beladys_choice(
     assert valve == pytest.approx(best)
     assert best == pytest.approx((room - 1) / (n - 1), abs=0.02)  # the bound the overcommit points meet
     assert oldest_first == 0.0  # least recently used releases exactly the hold whose turn is next
+
+
+def test_claim_ages_count_from_a_holds_first_live_claim_until_its_last_is_dropped() -> None:
+    clock = Clock()
+    holds = Holds(clock=clock)
+    for hold in ("a", "b", "c"):
+        holds.add(hold)
+    holds.claim(["a"])
+    clock.now = 1.0
+    holds.claim(["b"])
+    holds.claim(["a"])  # a second claim on a: its age still counts from the first
+    clock.now = 3.0
+    assert holds.claim_ages() == [3.0, 2.0]
+    holds.release_claim(["a"])
+    assert holds.claim_ages() == [3.0, 2.0]  # one claim of a's is left
+    holds.release_claim(["a"])
+    assert holds.claim_ages() == [2.0]
+    holds.claim(["a"])
+    assert holds.claim_ages() == [2.0, 0.0]  # claimed anew
