@@ -9,10 +9,11 @@ each, the budget arithmetic) and then driven on as few engine starts as the figu
 2. on the ON engines, every other part's ON-side legs (ON and the bound; D->P and decode-local
    with background streams, which change only router fields): each part's ON figures are
    written and packed as they end;
-3. on OFF engines, every other part's OFF leg: each part completed, written and packed again.
+3. on OFF engines, every other part's OFF leg: each part completed, written and packed again;
+4. on the engines of prefill's first token (decode's logits processor), the legs that need them.
 
-Three starts of the benchmark's engines in all, where part after part OFF then ON would take
-twelve. Every part's texts have a seed of their own, so engines kept from one part never hold
+Four starts of the benchmark's engines in all, where part after part OFF then ON would take
+thirteen. Every part's texts have a seed of their own, so engines kept from one part never hold
 another's prompts. Before each leg the driver checks its estimate against the time left and
 skips a leg that would not fit (`wave.json` says so); `correct` (scripts/gpu-correct.sh, its
 own CR and engines) is run by scripts/gpu-wave.sh after this, its time reserved in the plan.
@@ -74,9 +75,9 @@ class Costs:
     thousand prompt tokens computed; gpu-correct.sh 122 s) and the H100 waves of 2026-12-06
     (docs/results/h100-2026-12-06d-wave, -06e-wave: the first legs ready after 124 and 170 s, both
     engines starting at once; every later start 84-90 s, vLLM's compile cache then warm). Fitted
-    on 2026-12-07 to the waves 06h (H200), 07b and 07f (H100): first starts ready after 131-155 s,
-    later ones 63-85 s; with these costs every leg ran in 0.59-1.05x its
-    estimate (1,145 s of legs against 1,360 estimated)."""
+    on 2026-12-07 to the waves 06h (H200), 07b and 07f (H100), first starts ready after 131-155 s
+    and later ones after 63-85 s: with these costs their legs took 0.59-1.05x their estimates
+    (1,145 s against 1,360), and 0.69-1.19x in the next wave (docs/results/h100-2026-12-07h-wave)."""
 
     engine_start_s: float  # the wave's first start
     engine_restart_s: float  # every later one
@@ -319,7 +320,7 @@ def _parts_cpu() -> tuple[Part, ...]:
              background=BackgroundSpec(1, 16, 64)),
         Part("load", "2 clients", (ON, OFF), (512,), replace(base, conversations=4, concurrency=2, seed=4),
              bound=False),
-        Part("overcommit", "3 live conversations of their own prefix, ON also with shortened holds",
+        Part("overcommit", "3 live conversations of their own prefix (ON with shortened holds too when asked)",
              (ON, SHORTENED, OFF), (1024,),
              replace(base, think_time_s=1.0, shared_prefix=False, seed=5), live=(3,), bound=False),
     )  # fmt: skip
