@@ -8,10 +8,10 @@ did not run (or lacks the figure) is `None`: not judged, never passed. Pure but 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .decodelocal import TPOT_TARGET
 from .report import cell, markdown
@@ -37,10 +37,27 @@ def _json(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def _points(summary: Mapping[str, Any] | None, leg: str) -> dict[int, Mapping[str, Any]]:
+K = TypeVar("K", int, tuple[int, int])  # a point's key: its prefix, or its prefix and suffix
+
+
+def _prefix(point: Mapping[str, Any]) -> int:
+    return int(point["prefix_tokens"])
+
+
+def _prefix_and_suffix(point: Mapping[str, Any]) -> tuple[int, int]:
+    return int(point["prefix_tokens"] or 0), int(point["suffix_tokens"] or 0)
+
+
+def _keyed(
+    summary: Mapping[str, Any] | None, leg: str, key: Callable[[Mapping[str, Any]], K]
+) -> dict[K, Mapping[str, Any]]:
     if summary is None:
         return {}
-    return {int(p["prefix_tokens"]): p for p in summary.get("points", []) if p.get("leg") == leg}
+    return {key(p): p for p in summary.get("points", []) if p.get("leg") == leg}
+
+
+def _points(summary: Mapping[str, Any] | None, leg: str) -> dict[int, Mapping[str, Any]]:
+    return _keyed(summary, leg, _prefix)
 
 
 def _x(v: float | None) -> str:
@@ -76,8 +93,15 @@ def overcommit(summary: Mapping[str, Any] | None) -> Verdict:
 
 def _ratios(summary: Mapping[str, Any] | None, leg: str, base: str, figure: str) -> dict[int, float]:
     """`leg`'s `figure` over `base`'s, per prefix both measured."""
-    base_points, points = _points(summary, base), _points(summary, leg)
-    out = {}
+    return _keyed_ratios(summary, leg, base, figure, _prefix)
+
+
+def _keyed_ratios(
+    summary: Mapping[str, Any] | None, leg: str, base: str, figure: str, key: Callable[[Mapping[str, Any]], K]
+) -> dict[K, float]:
+    """`leg`'s `figure` over `base`'s, per point (by `key`) both measured."""
+    base_points, points = _keyed(summary, base, key), _keyed(summary, leg, key)
+    out: dict[K, float] = {}
     for n in sorted(set(base_points) & set(points)):
         b, a = base_points[n].get(figure), points[n].get(figure)
         if a is not None and b:
@@ -202,17 +226,8 @@ def switch_streams(summary: Mapping[str, Any] | None) -> Verdict:
     `dp-first` leg (prefill's first token; vLLM 0.26 then runs decode on its V1 model runner) over
     `dp`, the streams' TPOT p90 per point (history and suffix)."""
     name = f"prefill's first token: the streams' TPOT p90 up by at most {TPOT_RISE:.0%} (tpot, dp-first/dp)"
-
-    def by_point(leg: str) -> dict[tuple[int, int], float]:
-        points = (summary or {}).get("points", [])
-        return {
-            (p["prefix_tokens"] or 0, p["suffix_tokens"] or 0): float(p["tpot_p90"])
-            for p in points
-            if p.get("leg") == leg and p.get("tpot_p90")
-        }
-
-    base, switch = by_point("dp"), by_point("dp-first")
-    rises = {k: switch[k] / base[k] - 1 for k in sorted(set(base) & set(switch))}
+    ratios = _keyed_ratios(summary, "dp-first", "dp", "tpot_p90", _prefix_and_suffix)
+    rises = {k: r - 1 for k, r in ratios.items()}
     if not rises:
         return Verdict(name, 43, "-", None)
     figure = ", ".join(f"{r:+.0%} at {s} new tokens" for (_, s), r in rises.items())
