@@ -6,14 +6,14 @@
 #   setsid nohup bash scripts/gpu-wave.sh /tmp/w >/tmp/w.log 2>&1 </dev/null &
 #   bash scripts/gpu-wave.sh --plan      # the parts, legs, estimates and budget; exit 1 if over
 #
-# Parts, most wanted first (`pdx bench wave`, benchmark/pdx_bench/wave.py): sweep (the seed's to 32k,
-# OFF, ON, the bound, the held-KV valve on), suffix2k (2k suffixes: ON/bound), agentic (the mix),
-# first (the D->P path with prefill's first token), tpot (decode-local's TPOT against D->P at the
-# default threshold, and the switch's), load (8 clients), overcommit (one point past decode's KV), then correct
-# (scripts/gpu-correct.sh, prefill's first token too). Four starts of the benchmark's engines: the
-# sweep's OFF, its ON (every ON-side leg on it), every OFF leg, then the switch's (decode's logits
-# processor differs); a fifth only with PARTS naming shortened (overcommit's ON with shortened
-# holds). Each
+# Parts, most wanted first (`pdx bench wave`, benchmark/pdx_bench/wave.py): sweep (the seed's to
+# 32k, OFF, ON, the bound, the held-KV valve on), suffix2k (2k suffixes: ON/bound), agentic (the
+# mix), first (the D->P path with prefill's first token), tpot (decode-local's TPOT against D->P at
+# the default threshold, and the switch's), load (8 clients), overcommit (one point past decode's
+# KV), then correct (scripts/gpu-correct.sh, prefill's first token too). Four starts of the
+# benchmark's engines: the sweep's OFF, its ON (every ON-side leg on it), every OFF leg, then the
+# switch's (decode's logits processor differs); a fifth only with PARTS naming shortened
+# (overcommit's ON with shortened holds). Each
 # part lands in OUT/<part>/ and OUT/<part>.tgz as it ends (a later leg of it packs it again,
 # complete); then OUT/correct.tgz, and OUT/report.tgz with report.md (the sweep beside the seed's
 # p5en figures, every part's table, which card ran: nvidia-smi's name in OUT/gpu.txt).
