@@ -29,6 +29,7 @@ import orjson
 from pdx_contract import headers as hdr
 
 from .client import request_body, sse_chunks
+from .records import read_bytes
 from .workload import TokenCounter, filler
 
 
@@ -107,7 +108,7 @@ def write_streams(path: Path, records: Sequence[StreamRecord]) -> Path:
 
 
 def read_streams(path: Path) -> list[StreamRecord]:
-    return [StreamRecord.from_json(o) for o in orjson.loads(path.read_bytes())]
+    return [StreamRecord.from_json(o) for o in orjson.loads(read_bytes(path))]
 
 
 def _now_ms() -> float:

@@ -30,7 +30,7 @@ from .points import markdown_table as points_table
 from .points import point_stats
 from .points import table_rows as point_rows
 from .points import to_json as point_json
-from .records import write_records
+from .records import stored, write_records
 from .report import format_table, markdown, plain, write_report
 from .sweep import (
     BOUND,
@@ -399,7 +399,7 @@ def wave_report(args: argparse.Namespace) -> int:
 def report_decode_local(args: argparse.Namespace) -> int:
     """`pdx bench report-decode-local DIR`: decode-local.md and .json beside the run's records."""
     missing = [f"records-{leg}.json" for leg in (args.dp_leg, args.local_leg)]
-    missing = [name for name in missing if not (args.run_dir / name).is_file()]
+    missing = [name for name in missing if stored(args.run_dir / name) is None]
     if missing:
         print(f"pdx bench: {args.run_dir} holds no {' or '.join(missing)}", file=sys.stderr)
         return 2

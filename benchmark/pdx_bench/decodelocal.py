@@ -22,7 +22,7 @@ from typing import Any
 from .background import StreamRecord, read_streams
 from .points import PointStats, cell, point_stats
 from .points import to_json as point_json
-from .records import RequestRecord, read_records
+from .records import RequestRecord, read_records, stored_files
 from .report import INTERVAL, markdown, ratio_interval
 
 TTFT_TARGET = 0.7  # local TTFT p50 / D->P TTFT p50, at most
@@ -232,8 +232,8 @@ def markdown_report(
 
 
 def read_run(run: Path) -> tuple[list[RequestRecord], list[StreamRecord]]:
-    records = [r for path in sorted(run.glob("records-*.json")) for r in read_records(path)]
-    streams = [s for path in sorted(run.glob("background-*.json")) for s in read_streams(path)]
+    records = [r for path in stored_files(run, "records") for r in read_records(path)]
+    streams = [s for path in stored_files(run, "background") for s in read_streams(path)]
     return records, streams
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .records import RequestRecord, read_records
+from .records import RequestRecord, leg_of, read_records, stored_files
 from .report import REUSED, cell, markdown, percentile, ratio_interval
 
 QUANTILES = (50, 90, 99)
@@ -88,7 +88,7 @@ def fold(leg: str, same: Mapping[str, str]) -> str:
 
 def read_run(path: Path, same: Mapping[str, str], first: bool = False) -> Run:
     """A run's --out: every records-<leg>.json, and summary.json's points when it has them."""
-    files = sorted(path.glob("records-*.json"))
+    files = stored_files(path, "records")
     if not files:
         raise ValueError(f"{path}: no records-<leg>.json (a `pdx bench` --out is asked for)")
     run = Run(path.name)
@@ -96,7 +96,7 @@ def read_run(path: Path, same: Mapping[str, str], first: bool = False) -> Run:
         for r in read_records(f):
             if r.http_status != 200 or (r.turn == 1) != first:
                 continue
-            key = (point_of(r), fold(r.leg or f.stem.removeprefix("records-"), same))
+            key = (point_of(r), fold(r.leg or leg_of(f), same))
             run.ttfts.setdefault(key, []).append(r.ttft_ms)
             run.outcomes.setdefault(key, Counter())[r.reuse or "none"] += 1
     summary = path / "summary.json"

@@ -18,6 +18,7 @@ Where pdx measures differently, it says so here:
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -118,8 +119,36 @@ def write_records(path: Path, records: Iterable[RequestRecord]) -> Path:
     return path
 
 
+def stored(path: Path) -> Path | None:
+    """``path``, or where it is gzipped (committed results keep records and streams gzipped,
+    docs/results/README.md); None when neither is there."""
+    for candidate in (path, path.with_name(path.name + ".gz")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def stored_files(folder: Path, kind: str) -> list[Path]:
+    """Every ``<kind>-<leg>.json`` in ``folder``, plain or gzipped, one per leg, by leg."""
+    found = {p.name: p for p in folder.glob(f"{kind}-*.json")}
+    for p in folder.glob(f"{kind}-*.json.gz"):
+        found.setdefault(p.name.removesuffix(".gz"), p)
+    return [found[name] for name in sorted(found)]
+
+
+def leg_of(path: Path) -> str:
+    """The leg a ``records-<leg>.json[.gz]`` file holds, by its name."""
+    return path.name.removesuffix(".gz").removesuffix(".json").split("-", 1)[1]
+
+
+def read_bytes(path: Path) -> bytes:
+    """A file's bytes, unzipped where its name ends in .gz."""
+    data = path.read_bytes()
+    return gzip.decompress(data) if path.suffix == ".gz" else data
+
+
 def read_records(path: Path) -> list[RequestRecord]:
-    data = json.loads(path.read_text())
+    data = json.loads(read_bytes(path))
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON array of records")
     return [RequestRecord.from_json(o) for o in data]

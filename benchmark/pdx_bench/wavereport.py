@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import wavetargets
-from .records import RequestRecord, read_records
+from .records import RequestRecord, read_records, stored
 from .report import INTERVAL, cell, markdown, percentile, ratio_interval
 
 # The seed's Qwen3-32B figures (ms, means over follow-up turns per prompt length), as its text
@@ -29,8 +29,8 @@ SEED_SETUP = "1P1D, two p5en.48xlarge (8 H200 each), Qwen3-32B at TP 8, KV over 
 
 
 def _records(part: Path, leg: str) -> list[RequestRecord]:
-    path = part / f"records-{leg}.json"
-    return read_records(path) if path.is_file() else []
+    path = stored(part / f"records-{leg}.json")
+    return read_records(path) if path is not None else []
 
 
 def _summary(part: Path) -> dict[str, Any] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import gzip
 import json
 import os
 from dataclasses import fields
@@ -10,7 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from pdx_bench.records import VLLM_FIELDS, RequestRecord, read_records, spread_group_transfer, write_records
+from pdx_bench.records import (
+    VLLM_FIELDS,
+    RequestRecord,
+    leg_of,
+    read_records,
+    spread_group_transfer,
+    stored,
+    stored_files,
+    write_records,
+)
 
 from .synth import record
 
@@ -72,3 +82,16 @@ def test_fields_match_the_vllm_sdist() -> None:
     cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "RequestStats")
     names = tuple(n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name))
     assert names == VLLM_FIELDS
+
+
+def test_gzipped_records_read_as_the_plain_file_and_are_found_beside_plain_ones(tmp_path: Path) -> None:
+    recs = [record("off", 1000, 1, 120.5), record("on", 1000, 2, 60.0, reuse="hit")]
+    plain = write_records(tmp_path / "records-off.json", recs)
+    zipped = tmp_path / "records-on.json.gz"
+    zipped.write_bytes(gzip.compress(plain.read_bytes()))
+    assert read_records(zipped) == recs
+    assert stored(tmp_path / "records-on.json") == zipped
+    assert stored(tmp_path / "records-off.json") == plain
+    assert stored(tmp_path / "records-bound.json") is None
+    assert stored_files(tmp_path, "records") == [plain, zipped]
+    assert [leg_of(p) for p in stored_files(tmp_path, "records")] == ["off", "on"]
