@@ -6,6 +6,7 @@ verification run on the parts that `build` writes from them.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import csv
 import hashlib
@@ -416,3 +417,42 @@ def test_this_project_leaves_room_beside_its_checkout_for_wheelhouse_parts() -> 
     checkout = wh.checkout_bytes(ROOT)
     assert checkout is not None
     assert wh.part_mib(None, checkout) >= wh.MIN_PART_MIB
+
+
+def _parts(out: Path, sizes: Mapping[str, int]) -> None:
+    for name, size in sizes.items():
+        (out / name).mkdir(parents=True)
+        (out / name / "w.whl").write_bytes(b"w" * size)
+    (out / "READY").write_text("")
+
+
+def test_parts_built_for_a_smaller_checkout_are_named_once_it_grows(tmp_path: Path) -> None:
+    room = (wh.TRANSFER_MIB - wh.TRANSFER_MARGIN_MIB) * wh.MIB
+    _parts(tmp_path, {"c1": 10 * wh.MIB, "c2": 20 * wh.MIB, "c10": 1})
+    assert wh.parts_too_big(tmp_path, room - 20 * wh.MIB) == []
+    assert wh.parts_too_big(tmp_path, room - 20 * wh.MIB + wh.BLOCK) == ["c2 (20.0 MiB)"]
+    assert wh.parts_too_big(tmp_path, room) == ["c1 (10.0 MiB)", "c2 (20.0 MiB)", "c10 (0.0 MiB)"]
+
+
+def test_the_check_refuses_parts_that_no_longer_fit_naming_the_rebuild(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pdx.local import cli
+
+    _git(tmp_path, "init", "-q")
+    (tmp_path / ".gitignore").write_text("wh/\n")
+    (tmp_path / "results.json").write_bytes(b"r" * (45 * wh.MIB))
+    _git(tmp_path, "add", ".")
+    _parts(tmp_path / "wh", {"c1": 19 * wh.MIB, "c2": 8 * wh.MIB})
+    monkeypatch.chdir(tmp_path)
+    args = ["local", "wheelhouse", "--out", "wh", "--check"]
+    parser = argparse.ArgumentParser()
+    cli.add_parser(parser.add_subparsers())
+    parsed = parser.parse_args(args)
+    assert parsed.run(parsed) == 2
+    err = capsys.readouterr().err
+    assert "c1 (19.0 MiB) no longer fit" in err and "c2" not in err.split("no longer")[0]
+    assert "pdx local wheelhouse --out wh" in err
+    (tmp_path / "results.json").write_bytes(b"r" * (20 * wh.MIB))
+    assert parsed.run(parsed) == 0
+    assert "every part fits" in capsys.readouterr().out

@@ -62,6 +62,8 @@ def _wheelhouse(args: argparse.Namespace) -> int:
     def log(line: str) -> None:
         print(line, file=sys.stderr)
 
+    if args.check:
+        return _check_parts(args.out)
     try:
         target = wh.Target(torch=args.torch, cuda=args.cuda, python=args.python)
         target.check()
@@ -74,6 +76,29 @@ def _wheelhouse(args: argparse.Namespace) -> int:
         print(f"pdx local wheelhouse: {err}", file=sys.stderr)
         return err.exit_code
     print((args.out / "READY").read_text(), end="")
+    return 0
+
+
+def _check_parts(out: Path) -> int:
+    """`--check`: do the built parts still fit one transfer each beside this checkout?"""
+    checkout = wh.checkout_bytes(Path.cwd())
+    if not (out / "READY").is_file():
+        print(f"pdx local wheelhouse: {out} holds no built wheelhouse (no READY): build it first", file=sys.stderr)
+        return 2
+    if checkout is None:
+        print(f"pdx local wheelhouse: {out}: outside a git checkout nothing travels beside the parts")
+        return 0
+    here = f"this checkout ({checkout / wh.MIB:.1f} MiB that travel with every call)"
+    big = wh.parts_too_big(out, checkout)
+    if big:
+        print(
+            f"pdx local wheelhouse: {', '.join(big)} no longer fit one {wh.TRANSFER_MIB} MiB transfer beside {here}: "
+            f"build the parts again (`pdx local wheelhouse --out {out}`, from the download cache), "
+            "or move results out of the tree",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"{out}: every part fits one transfer beside {here}")
     return 0
 
 
@@ -113,5 +138,10 @@ def add_parser(sub: Any) -> None:
         type=Path,
         default=Path.home() / ".cache" / "pdx" / "wheelhouse",
         help="downloaded wheels, reused by the next build (~/.cache/pdx/wheelhouse)",
+    )
+    w.add_argument(
+        "--check",
+        action="store_true",
+        help="build nothing: exit 2 if a built part no longer fits one transfer beside this checkout",
     )
     w.set_defaults(run=_wheelhouse)

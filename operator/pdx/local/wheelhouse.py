@@ -527,6 +527,16 @@ def part_mib(asked: int | None, checkout: int | None) -> int:
     return asked
 
 
+def parts_too_big(out: Path, checkout: int) -> list[str]:
+    """The built parts in `out` that no longer fit one transfer beside a checkout of `checkout`
+    bytes: parts are sized when built, and committed results grow the checkout afterwards (on
+    2026-12-07 a 50 MiB checkout beside 19 MiB parts: the first call was refused)."""
+    room = (TRANSFER_MIB - TRANSFER_MARGIN_MIB) * MIB - checkout
+    parts = sorted((p for p in out.iterdir() if re.fullmatch(r"c\d+", p.name)), key=lambda p: int(p.name[1:]))
+    sizes = {p.name: sum(-(-f.stat().st_size // BLOCK) * BLOCK for f in p.iterdir() if f.is_file()) for p in parts}
+    return [f"{name} ({size / MIB:.1f} MiB)" for name, size in sizes.items() if size > room]
+
+
 # --- packing into parts -----------------------------------------------------------------------
 
 
