@@ -499,8 +499,13 @@ def checkout_bytes(where: Path) -> int | None:
     for name in filter(None, listed.split(b"\0")):
         path = root / name.decode("utf-8", "surrogateescape")
         if path.is_file() and not path.is_symlink():
-            total += -(-path.stat().st_size // BLOCK) * BLOCK
+            total += in_blocks(path.stat().st_size)
     return total
+
+
+def in_blocks(size: int) -> int:
+    """A file's size as a transfer counts it: in whole blocks."""
+    return -(-size // BLOCK) * BLOCK
 
 
 def part_mib(asked: int | None, checkout: int | None) -> int:
@@ -533,7 +538,7 @@ def parts_too_big(out: Path, checkout: int) -> list[str]:
     2026-12-07 a 50 MiB checkout beside 19 MiB parts: the first call was refused)."""
     room = (TRANSFER_MIB - TRANSFER_MARGIN_MIB) * MIB - checkout
     parts = sorted((p for p in out.iterdir() if re.fullmatch(r"c\d+", p.name)), key=lambda p: int(p.name[1:]))
-    sizes = {p.name: sum(-(-f.stat().st_size // BLOCK) * BLOCK for f in p.iterdir() if f.is_file()) for p in parts}
+    sizes = {p.name: sum(in_blocks(f.stat().st_size) for f in p.iterdir() if f.is_file()) for p in parts}
     return [f"{name} ({size / MIB:.1f} MiB)" for name, size in sizes.items() if size > room]
 
 
