@@ -71,7 +71,15 @@ def pdx_crd(control_plane: ControlPlane) -> str:
     """pdx's CRD (crds/, what the chart's crds/ holds too), Established. `helm install` later
     finds it there and leaves it, as Helm does with every CRD that exists."""
     control_plane.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "disaggregatedinferences.yaml"))
-    control_plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s", timeout=90)
+    # Polled, not `kubectl wait`: once in CI (2026-12-07) that wait failed and every cluster test
+    # errored with it; a poll outlasts a slow or a not-yet-listed CRD, and its timeout says so.
+    established = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
+    wait_for(
+        f"CRD {CRD} Established",
+        lambda: control_plane.kubectl("get", "crd", CRD, "-o", established, check=False).stdout.strip() == "True",
+        timeout=120,
+        every=0.5,
+    )
     return CRD
 
 

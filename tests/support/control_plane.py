@@ -146,6 +146,15 @@ def free_ports(count: int) -> list[int]:
     raise RuntimeError(f"no {count} free ports on {LOOPBACK}")
 
 
+class CommandFailed(subprocess.CalledProcessError):
+    """A failed kubectl or helm whose message carries its stderr: pytest prints the exception's
+    text, and a bare CalledProcessError's leaves out why (a CI run lost why a CRD wait failed)."""
+
+    def __str__(self) -> str:
+        why = (self.stderr or "").strip()[-2000:]
+        return f"{super().__str__()} stderr: {why or '(empty)'}"
+
+
 def wait_for(what: str, check: Callable[[], T | None], timeout: float = 60.0, every: float = 0.2) -> T:
     """Poll ``check`` until it returns something other than None (or False); TimeoutError names ``what``."""
     deadline = time.monotonic() + timeout
@@ -486,7 +495,7 @@ class ControlPlane:
         check: bool = True,
         timeout: float = 60.0,
     ) -> subprocess.CompletedProcess[str]:
-        """The built kubectl as ``kubeconfig`` (admin by default); CalledProcessError carries stderr."""
+        """The built kubectl as ``kubeconfig`` (admin by default); a failure raises CommandFailed."""
         argv = [
             str(self.kubectl_path),
             "--kubeconfig", str(kubeconfig or self.admin_kubeconfig),
@@ -498,7 +507,7 @@ class ControlPlane:
             argv, input=input, capture_output=True, text=True, timeout=timeout, env=env, check=False
         )
         if check and result.returncode != 0:
-            raise subprocess.CalledProcessError(result.returncode, argv, result.stdout, result.stderr)
+            raise CommandFailed(result.returncode, argv, result.stdout, result.stderr)
         return result
 
     def get(self, *args: str, kubeconfig: Path | None = None) -> Any:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from tests.support.control_plane import ControlPlane, free_ports, wait_for
+from tests.support.control_plane import CommandFailed, ControlPlane, free_ports, wait_for
 
 __all__ = ["ROOT", "Helm", "ObjectWatch", "Operator", "operator_command"]
 
@@ -55,7 +55,7 @@ class Helm:
         argv = [str(self.path), *args]
         result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, check=False)
         if check and result.returncode != 0:
-            raise subprocess.CalledProcessError(result.returncode, argv, result.stdout, result.stderr)
+            raise CommandFailed(result.returncode, argv, result.stdout, result.stderr)
         return result
 
 
