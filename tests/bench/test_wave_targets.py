@@ -57,6 +57,12 @@ def test_a_part_that_did_not_run_is_not_judged(tmp_path: Path) -> None:
 def test_first_turns_growth_and_the_correctness_check() -> None:
     rows = [{"length": 2000, "first_on_over_off": 0.98}, {"length": 16000, "first_on_over_off": 1.038}]
     assert wt.first_turns(rows).met is False and "1.038x at 16k" in wt.first_turns(rows).figure
+    with_90: list[dict[str, object]] = [
+        {**rows[0], "first_on_over_off_90": [0.9, 1.05]},
+        {**rows[1], "first_on_over_off_90": [1.01, 1.10]},
+    ]
+    figure = wt.first_turns(with_90).figure
+    assert figure == "0.980x at 2k, 1.038x at 16k (90%: 1.01-1.10x)"
     assert wt.growth(1.49).met is True and wt.growth(1.51).met is False and wt.growth(None).met is None
     failed = {
         "passed": False,
