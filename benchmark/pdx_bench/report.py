@@ -50,6 +50,12 @@ def ratio_interval(
     return percentile(ratios, 100 * tail), percentile(ratios, 100 * (1 - tail))
 
 
+def ratio_interval_cell(bounds: Sequence[float]) -> str:
+    """A `ratio_interval` as `low-highx`; `-` where it could not be drawn (NaNs)."""
+    low, high = bounds
+    return "-" if low != low or high != high else f"{low:.2f}-{high:.2f}x"
+
+
 def _mean(values: Sequence[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 

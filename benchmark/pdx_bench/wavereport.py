@@ -17,7 +17,7 @@ from typing import Any
 
 from . import wavetargets
 from .records import RequestRecord, read_records, stored
-from .report import INTERVAL, cell, markdown, percentile, ratio_interval
+from .report import INTERVAL, cell, markdown, percentile, ratio_interval, ratio_interval_cell
 
 # The seed's Qwen3-32B figures (ms, means over follow-up turns per prompt length), as its text
 # states them: TTFT OFF and ON, and the prefill time (compute + D->P transfer for ON).
@@ -51,11 +51,6 @@ def _p50(values: Sequence[float]) -> float | None:
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b <= 0 else a / b
-
-
-def _interval(bounds: Sequence[float]) -> str:
-    low, high = bounds
-    return "-" if low != low or high != high else f"{low:.2f}-{high:.2f}x"
 
 
 def seed_table(sweep: Path) -> tuple[str, dict[str, Any]]:
@@ -92,7 +87,7 @@ def seed_table(sweep: Path) -> tuple[str, dict[str, Any]]:
                 cell(row["seed_off_over_on"], "{:.2f}x"), cell(row["off_mean"]), cell(row["on_mean"]),
                 cell(row["off_over_on"], "{:.2f}x"), cell(row["off_p50"]), cell(row["on_p50"]), cell(row["bound_p50"]),
                 cell(row["on_over_bound"], "{:.2f}x"), cell(row["first_on_over_off"], "{:.3f}x"),
-                _interval(row["first_on_over_off_90"]),
+                ratio_interval_cell(row["first_on_over_off_90"]),
             )
         )  # fmt: skip
     headers = (

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .decodelocal import TPOT_TARGET
-from .report import cell, markdown
+from .report import cell, markdown, ratio_interval_cell
 
 BOUND = 1.25  # ON (and the D->P path) over the bound, 2k-token suffixes
 FIRST_TURN = 1.03  # ON's first turn over OFF's, p50
@@ -128,9 +128,8 @@ def first_turns(rows: Sequence[Mapping[str, Any]]) -> Verdict:
     def shown(row: Mapping[str, Any]) -> str:
         ratio, bounds = row["first_on_over_off"], row.get("first_on_over_off_90")
         at = f"{ratio:.3f}x at {int(row['length']) // 1000}k"
-        if ratio <= FIRST_TURN or not bounds or any(b != b for b in bounds):
-            return at
-        return f"{at} (90%: {bounds[0]:.2f}-{bounds[1]:.2f}x)"
+        interval = ratio_interval_cell(bounds) if bounds else "-"
+        return at if ratio <= FIRST_TURN or interval == "-" else f"{at} (90%: {interval})"
 
     figure = ", ".join(shown(r) for r in have)
     return Verdict(name, 43, figure, all(r["first_on_over_off"] <= FIRST_TURN for r in have))
