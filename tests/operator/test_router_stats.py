@@ -8,7 +8,10 @@ from typing import Any
 
 import pytest
 
+from pdx import labels
 from pdx.controller.routerstats import StatsCache
+from pdx.controller.state import Snapshot
+from tests.operator.conftest import cr_document
 from tests.support.control_plane import wait_for
 
 KEY = ("inference", "demo")
@@ -102,3 +105,30 @@ def test_a_late_answer_for_a_forgotten_resource_is_dropped(
     _answer(router, {"reuse": {"hit": 3}})
     wait_for("the fetch done", lambda: not cache.pending(KEY))
     assert cache.latest(KEY) is None and woken == []
+
+
+def _pod(component: str, ready: bool, ip: str | None = "10.0.0.9") -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"demo-{component}-0", "labels": {labels.COMPONENT: component}},
+        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("pods", "asked"),
+    [
+        ([], False),  # no router pod yet
+        ([_pod("router", ready=False)], False),  # starting
+        ([_pod("router", ready=True, ip=None)], False),  # ready but with no address
+        ([_pod("prefill", ready=True), _pod("decode", ready=True)], False),  # engines only
+        ([_pod("router", ready=False), _pod("router", ready=True)], True),  # one of two serves
+    ],
+)
+def test_a_periodic_pass_asks_the_router_only_while_one_of_its_pods_is_ready(
+    pods: list[dict[str, Any]], asked: bool
+) -> None:
+    from pdx.controller import handlers
+
+    body = {**cr_document(), "metadata": {"name": "demo", "namespace": "inference", "uid": "u-1"}}
+    snap = Snapshot(body=body, children={}, pods=pods)
+    assert handlers._router_url(snap, "inference") == (URL if asked else None)

@@ -54,7 +54,7 @@ from pdx.controller.bookkeeping import MemoryDiffBaseStorage, MemoryProgressStor
 from pdx.controller.feed import Feeds, Notify
 from pdx.controller.kube import ApiError, EventSource, Kube, make_api_client
 from pdx.controller.rbac import PEERING_NAME
-from pdx.controller.reconcile import Outcome, load_target, reconcile_snapshot
+from pdx.controller.reconcile import Outcome, load_target, pod_view, reconcile_snapshot
 from pdx.controller.routerstats import StatsCache
 from pdx.controller.state import ListReads, Snapshot, WatchState, index_id
 from pdx.controller.worker import Worker, capture_kopf_pause
@@ -215,6 +215,12 @@ def _pool(memo: Any) -> ThreadPoolExecutor:
 
 
 def _router_url(snap: Snapshot, namespace: str) -> str | None:
+    """Where to ask for the router's counters; None while none of its pods is ready. Such a
+    router cannot answer, and at fleet scale every periodic pass would still spend a name
+    lookup and a connection on it (2000 resources converging without routers: one in every
+    30 s each, ~0.23 ms of the operator's CPU apiece, and a lookup for the cluster's DNS)."""
+    if not any((view := pod_view(p)).role == "router" and view.serving for p in snap.pods):
+        return None
     try:
         return router_url(load_target(snap.body, namespace))
     except SpecError:
