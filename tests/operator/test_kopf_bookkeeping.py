@@ -1,26 +1,15 @@
-"""What kopf itself writes on the CR: nothing, neither a finalizer (no daemon asks for one) nor
-anything per handled change. Its diff-base and handler progress live in memory
-(pdx.controller.bookkeeping); in annotations each create and edit cost a PATCH of the CR and one
-more watch event for kopf to process."""
+"""kopf's bookkeeping kept in memory (pdx.controller.bookkeeping) answers as kopf's own does:
+the diff-base essence, the handler progress, and kopf's watch lines parsed through orjson. In
+annotations each create and edit cost a PATCH of the CR and one more watch event for kopf to
+process; that kopf writes nothing on the CR is checked on the real API server
+(tests/cluster/test_operator_in_process.py)."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from typing import Any, cast
 
-from tests.operator.conftest import (
-    ApiServer,
-    cr_document,
-    writes,
-)
-
-Start = Callable[..., Any]
-
-
-def _cr_writes(api: ApiServer, since: int) -> list[str]:
-    """Writes of the CR object itself (the status subresource has a path of its own)."""
-    return [w for w in writes(api, since) if w.split("?")[0].endswith("/disaggregatedinferences/demo")]
+from tests.operator.conftest import cr_document
 
 
 def test_the_in_memory_diffbase_builds_the_essence_kopf_builds() -> None:
