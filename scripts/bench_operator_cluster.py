@@ -1,7 +1,7 @@
 """The operator benchmark on the real control plane (issue 42), beside kmock's, in one run.
 
     .venv/bin/python scripts/bench_operator_cluster.py --resources 2000 [--edits 20] [--no-kmock] \
-        [--workload-controllers off|on|both] [--baseline-src DIR]
+        [--workload-controllers off|on|both] [--baseline-src DIR [--rounds K]]
 
 Up to three legs, one after the other on this machine, each printing its figures; then one table
 (ratios only within it: this machine drifts 30-40% within minutes):
@@ -23,6 +23,10 @@ Up to three legs, one after the other on this machine, each printing its figures
 `--baseline-src DIR` runs each cluster leg twice, first with the operator of DIR (a copy of an
 older tree, through PYTHONPATH; and DIR's chart where DIR has `charts/pdx-operator`, for a change
 to the chart's admission policy or RBAC), then this tree's: before/after side by side in one run.
+`--rounds K` does that K times, in alternating order (baseline first in odd rounds), and prints
+this tree over the baseline per figure: the median of the K rounds' ratios and their range.
+One pair of legs is not enough for a change of a few percent: legs of one tree differed by 26%
+within an hour here (2026-12-08).
 
 Figures: seconds from the last create to all converged, the operator's CPU (its process, from
 /proc) per resource over the converge phase, and CR edit latency (a TTL patch to
@@ -63,6 +67,7 @@ from tests.support.pdx_cluster import Helm, Operator  # noqa: E402
 NS = "inference"
 CHILDREN = 13
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+Figures = dict[str, float]
 CHILD_PATHS = (
     "/api/v1/namespaces/{ns}/services",
     "/apis/apps/v1/namespaces/{ns}/statefulsets",
@@ -265,10 +270,12 @@ def cluster_leg(
     controllers: bool = True,
     src: Path | None = None,
     pprof: str | None = None,
-) -> list[tuple[str, str]]:
-    """One leg on a fresh control plane; `controllers` False: etcd and the API server only;
-    `src` a checkout whose operator runs instead of this tree's (through PYTHONPATH)."""
+) -> tuple[list[tuple[str, str]], Figures]:
+    """One leg on a fresh control plane: its table rows, and the figures `round_ratios` compares.
+    `controllers` False: etcd and the API server only; `src` a checkout whose operator runs
+    instead of this tree's (through PYTHONPATH)."""
     rows: list[tuple[str, str]] = []
+    figures: Figures = {}
     cp = ControlPlane(build(), workload_controllers=controllers, apiserver_profiling=pprof is not None)
     cp.start()
     try:
@@ -347,6 +354,12 @@ def cluster_leg(
         full = [n for n in names if gens.get(n) == 1 and kids.get(n, 0) >= CHILDREN]
         _log(f"cluster: converged {len(full)}/{resources} at {time.monotonic() - t0:.1f} s")
         pods = len(api.get(f"/api/v1/namespaces/{NS}/pods", labelSelector=f"{labels.NAME}={labels.APP}")["items"])
+        if done and len(full) == resources:  # a leg that did not converge has no figure to compare
+            figures = {
+                "last create -> all converged (s)": done - created,
+                "operator CPU (ms/resource)": (sum(cpu1) - sum(cpu0)) / resources * 1000,
+                "kube-apiserver CPU (s)": parts1["kube-apiserver"] - parts0["kube-apiserver"],
+            }
         rows += [
             ("all created", f"{created:.1f} s"),
             ("last create -> all converged", f"{done - created:.1f} s" if done else f"timeout ({deadline:.0f} s)"),
@@ -409,7 +422,19 @@ def cluster_leg(
                 shutil.copy(log, Path(logs) / log.name)
     finally:
         cp.stop()
-    return rows
+    return rows, figures
+
+
+def round_ratios(rounds: list[tuple[Figures, Figures]]) -> dict[str, tuple[float, float, float]]:
+    """Per figure, this tree over the baseline in each round: (median, lowest, highest). The two
+    legs of a round ran back to back, so their ratio holds up where the machine's drift between
+    rounds (30-40% within minutes here) swamps any single leg; a round missing a figure is left out."""
+    out: dict[str, tuple[float, float, float]] = {}
+    for name in dict.fromkeys(k for base, this in rounds for k in (*base, *this)):
+        ratios = [this[name] / base[name] for base, this in rounds if base.get(name) and name in this]
+        if ratios:
+            out[name] = (statistics.median(ratios), min(ratios), max(ratios))
+    return out
 
 
 def kmock_leg(resources: int, edits: int, deadline: float) -> list[tuple[str, str]]:
@@ -456,6 +481,13 @@ def main() -> int:
         help="a checkout whose operator runs each cluster leg first, beside this tree's (PYTHONPATH); its "
         "charts/pdx-operator too, where it has one",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with --baseline-src: this many rounds of the baseline's leg and this tree's, back to back, in "
+        "alternating order, then this tree over the baseline per round (median, range)",
+    )
     p.add_argument("--logs", metavar="DIR", help="copy the operator's and the components' logs here at the end")
     p.add_argument(
         "--py-spy",
@@ -470,26 +502,36 @@ def main() -> int:
         "leg's creates and converge: FILE.off, FILE.on",
     )
     args = p.parse_args()
+    if args.rounds < 1 or (args.rounds > 1 and args.baseline_src is None):
+        p.error(f"--rounds {args.rounds}: rounds compare the baseline with this tree: give --baseline-src DIR, "
+                "or leave --rounds at 1")  # fmt: skip
     legs: dict[str, list[tuple[str, str]]] = {}
     if not args.no_kmock:
         _log(f"kmock leg, {args.resources} resources")
         legs["kmock"] = kmock_leg(args.resources, args.edits, args.deadline)
         _log(f"kmock: {legs['kmock']}")
+    compared: dict[str, list[tuple[Figures, Figures]]] = {}
     for mode in ("off", "on") if args.workload_controllers == "both" else (args.workload_controllers,):
-        for src in (args.baseline_src.resolve(), None) if args.baseline_src else (None,):
-            leg = f"controllers {mode}" + (", baseline" if src else "")
-            tag = mode + ("-baseline" if src else "")
-            _log(f"cluster leg, {leg}, {args.resources} resources")
-            legs[leg] = cluster_leg(
-                args.resources,
-                args.edits,
-                args.deadline,
-                f"{args.py_spy}.{tag}" if args.py_spy else None,
-                f"{args.logs}/{tag}" if args.logs else None,
-                controllers=mode == "on",
-                src=src,
-                pprof=f"{args.apiserver_pprof}.{tag}" if args.apiserver_pprof else None,
-            )
+        for r in range(args.rounds):
+            srcs = (args.baseline_src.resolve(), None) if args.baseline_src else (None,)
+            got: dict[bool, Figures] = {}
+            for src in srcs if r % 2 == 0 else srcs[::-1]:  # ABBA: neither tree always runs first
+                mark = f" #{r + 1}" if args.rounds > 1 else ""
+                leg = f"controllers {mode}" + (", baseline" if src else "") + mark
+                tag = mode + ("-baseline" if src else "") + (f"-{r + 1}" if args.rounds > 1 else "")
+                _log(f"cluster leg, {leg}, {args.resources} resources")
+                legs[leg], got[src is not None] = cluster_leg(
+                    args.resources,
+                    args.edits,
+                    args.deadline,
+                    f"{args.py_spy}.{tag}" if args.py_spy else None,
+                    f"{args.logs}/{tag}" if args.logs else None,
+                    controllers=mode == "on",
+                    src=src,
+                    pprof=f"{args.apiserver_pprof}.{tag}" if args.apiserver_pprof else None,
+                )
+            if args.baseline_src:
+                compared.setdefault(mode, []).append((got[True], got[False]))
     legs = {leg: _counts_in_values(rows) for leg, rows in legs.items()}
     keys: list[str] = []
     for rows in legs.values():
@@ -500,6 +542,10 @@ def main() -> int:
     print(f"|{'-' * (width + 2)}|" + "|".join("-" * (len(k) + 2) for k in legs) + "|")
     for k in keys:
         print(f"| {k:<{width}} | " + " | ".join(dict(rows).get(k, "-") for rows in legs.values()) + " |", flush=True)
+    for mode, rounds in compared.items():
+        print(f"\nthis tree / baseline, controllers {mode}, {len(rounds)} round(s): median (lowest-highest)")
+        for name, (median, low, high) in round_ratios(rounds).items():
+            print(f"- {name}: {median:.3f} ({low:.3f}-{high:.3f})")
     return 0
 
 

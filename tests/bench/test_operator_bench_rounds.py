@@ -1,0 +1,44 @@
+"""The operator benchmark's rounds: this tree over the baseline, one ratio per round, then their median."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_operator_cluster.py"
+CONVERGE = "last create -> all converged (s)"
+CPU = "operator CPU (ms/resource)"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_operator_cluster", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_operator_cluster"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_each_round_is_compared_within_itself_and_the_median_taken(bench: ModuleType) -> None:
+    # The machine drifts between rounds (the second round is 30% slower for both trees), and the
+    # change is 10% within each round: the ratios say 0.9 however the absolute figures moved.
+    rounds = [
+        ({CONVERGE: 70.0, CPU: 14.0}, {CONVERGE: 63.0, CPU: 14.0}),
+        ({CONVERGE: 91.0, CPU: 16.0}, {CONVERGE: 81.9, CPU: 15.2}),
+        ({CONVERGE: 80.0, CPU: 15.0}, {CONVERGE: 72.0, CPU: 16.5}),
+    ]
+    got = bench.round_ratios(rounds)
+    assert got[CONVERGE] == pytest.approx((0.9, 0.9, 0.9))
+    assert got[CPU] == pytest.approx((1.0, 0.95, 1.1))
+
+
+def test_a_round_without_a_figure_is_left_out_of_that_figure_only(bench: ModuleType) -> None:
+    # A leg that did not converge reports nothing: its round cannot be compared.
+    rounds = [({CONVERGE: 70.0, CPU: 14.0}, {}), ({CONVERGE: 80.0, CPU: 10.0}, {CONVERGE: 60.0, CPU: 12.0})]
+    assert bench.round_ratios(rounds) == {CONVERGE: (0.75, 0.75, 0.75), CPU: (1.2, 1.2, 1.2)}
+    assert bench.round_ratios([({}, {CPU: 3.0})]) == {}
