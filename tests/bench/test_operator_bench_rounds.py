@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_operator_cluster.py"
+from tests.support.scripts import load_script
+
 CONVERGE = "last create -> all converged (s)"
 CPU = "operator CPU (ms/resource)"
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_operator_cluster", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_operator_cluster"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench_operator_cluster")
 
 
 def test_each_round_is_compared_within_itself_and_the_median_taken(bench: ModuleType) -> None:
